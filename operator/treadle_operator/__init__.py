@@ -1,0 +1,1 @@
+"""The treadle Kubernetes operator (kopf): CRD models, handlers and status sync."""

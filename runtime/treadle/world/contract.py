@@ -1,0 +1,224 @@
+"""The World contract as typed Protocols: storage (runs, events, steps, hooks)
+and queue. Every World implements ``World``; ``treadle.world.conformance``
+checks the behaviour described here against any implementation.
+
+Storage rules (DESIGN.md 3.1, seed 003 "Implementing spec 9 in a World"):
+
+- ``runs.create`` writes ``run_created`` at slot 1; a new run holds
+  ``seq = 1, seq_in_band = IN_BAND_SEQ_AT_RUN_CREATION``.
+- ``events.create(..., in_band=True)`` needs ``expected_seq_in_band`` and
+  ``event_count`` (else ``WorldContractError``). The fence is decided first:
+  a count other than the run's ``seq_in_band`` raises ``InBandSuperseded`` and
+  allocates nothing. An accepted in-band write moves ``seq`` and
+  ``seq_in_band``; an out-of-band one moves ``seq`` only and is never fenced.
+- The skipped-slot report of an in-band write is every event at slots
+  ``event_count + 1 .. own_slot - 1`` (``has_more`` when cut short).
+- An in-band write's ``occurred_at`` is stored as the event's ``created_at``.
+- Refusals (``RunExpired``, ``StepAlreadyEnded``, ``HookNotFound``) allocate
+  nothing. A terminal run refuses new work (``events.REFUSED_ON_TERMINAL_RUN``)
+  and keeps accepting outcomes.
+- ``hook_created`` for a token a live hook holds stores ``hook_conflict``
+  instead, in the creator's log, at the slot the creation would have taken.
+- ``create_batch`` takes step and wait events only, allocates the admitted
+  items as one block under one fence check, is not atomic, and refuses every
+  later item of a correlation id once one of its items was refused.
+- An ``idempotency_key`` on a write makes a retry converge: the second write
+  returns the first one's event with ``allocated = 0``.
+
+Queue rules (DESIGN.md 3.2, seed 003 "Spec 9 queue rules"): see ``Queue``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Protocol, TypeAlias
+
+from pydantic import JsonValue
+
+from treadle.world import events, messages, records
+
+EventCallback: TypeAlias = Callable[[events.LoggedEvent], None]
+ErrorCallback: TypeAlias = Callable[[BaseException], None]
+Handler: TypeAlias = Callable[
+    [messages.OrchestratorMessage | messages.StepMessage, messages.DeliveryMeta],
+    Awaitable[messages.HandlerResult],
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    in_band_fence: bool
+    # The queue delivers a run's orchestrator messages one at a time.
+    serializes_runs: bool
+    # A message arriving while its run is held is folded into the holder.
+    coalesces: bool
+    # events.subscribe pushes committed events.
+    live_feed: bool
+
+
+@dataclass(frozen=True, slots=True)
+class QueueTuning:
+    """Queue timings a World is opened with; tests shorten them.
+
+    ``lease_seconds``: how long a delivery holds its message without a heartbeat
+    (a live delivery renews it every third of it). ``backoff_*``: redelivery
+    delay after a handler raised, doubling per attempt from base up to max.
+    """
+
+    lease_seconds: float = 30.0
+    backoff_base_seconds: float = 1.0
+    backoff_max_seconds: float = 300.0
+
+    def backoff_seconds(self, attempt: int) -> float:
+        delay: float = self.backoff_base_seconds * 2.0 ** max(attempt - 1, 0)
+        return min(delay, self.backoff_max_seconds)
+
+
+class Subscription(Protocol):
+    def close(self) -> None: ...
+
+
+class Runs(Protocol):
+    async def create(
+        self,
+        *,
+        workflow_name: str,
+        input: JsonValue,
+        deployment_id: str,
+        spec_version: int,
+        run_id: str | None = None,
+        attributes: Mapping[str, JsonValue] | None = None,
+    ) -> records.RunRecord:
+        """Create a run with ``run_created`` at slot 1.
+
+        With a ``run_id`` that exists already, returns that run when it was created
+        with the same workflow and input (a retried start), else raises
+        ``WorldContractError``.
+        """
+        ...
+
+    async def get(self, run_id: str) -> records.RunRecord: ...
+
+    async def list(
+        self,
+        *,
+        status: records.RunStatus | None = None,
+        workflow_name: str | None = None,
+        deployment_id: str | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> records.RunPage:
+        """Runs, newest first, filtered; page on with ``next_cursor``."""
+        ...
+
+
+class Events(Protocol):
+    async def create(
+        self,
+        run_id: str,
+        event: events.Event,
+        *,
+        in_band: bool,
+        expected_seq_in_band: int | None = None,
+        event_count: int | None = None,
+        occurred_at: datetime | None = None,
+        idempotency_key: str | None = None,
+    ) -> records.EventResult: ...
+
+    async def create_batch(
+        self,
+        run_id: str,
+        batch: Sequence[events.Event],
+        *,
+        in_band: bool,
+        expected_seq_in_band: int | None = None,
+        event_count: int | None = None,
+        occurred_at: datetime | None = None,
+    ) -> records.BatchResult: ...
+
+    async def list(
+        self, run_id: str, *, after_slot: int = 0, limit: int = 1000
+    ) -> records.EventPage:
+        """Events after ``after_slot`` in slot order, with the run's snapshot read first."""
+        ...
+
+    def subscribe(
+        self,
+        run_id: str,
+        after_slot: int,
+        on_event: EventCallback,
+        on_error: ErrorCallback,
+    ) -> Subscription:
+        """Push the run's committed events after ``after_slot``, in slot order, best effort."""
+        ...
+
+
+class Steps(Protocol):
+    async def list(self, run_id: str) -> list[records.StepRecord]: ...
+
+    async def get(self, run_id: str, step_id: str) -> records.StepRecord: ...
+
+
+class Hooks(Protocol):
+    async def get_by_token(self, token: str) -> records.HookRecord:
+        """The live hook holding ``token``; ``HookNotFound`` when none does."""
+        ...
+
+
+class Consumer(Protocol):
+    async def close(self, *, grace_seconds: float = 30.0) -> None:
+        """Stop taking deliveries; wait up to ``grace_seconds`` for running ones.
+
+        A delivery still running after the grace is cancelled and its message is
+        left to be redelivered (counted above 1), never acknowledged.
+        """
+        ...
+
+
+class Queue(Protocol):
+    """A durable queue with the spec 9 delivery rules.
+
+    - ``message_id`` is stable across redeliveries; ``delivery_count`` is 1 only
+      on the first delivery; ``attempt`` leaves out deliveries after a handoff.
+    - ``Ack`` removes the message; ``Redeliver(n)`` delivers it again after ``n``
+      seconds, counted; ``Handoff`` at once, not counted, first in the run's line;
+      an exception redelivers with backoff; a delivery whose lease lapses (its
+      process stalled or died) is delivered again, counted.
+    - A send with a ``key`` is deduplicated for 24 h after the first send
+      whatever state that message is in; an unkeyed send never is.
+    - A delay is never cut short.
+    - A spec 9 run's orchestrator messages (not intermediate hops) are delivered
+      one at a time per run; one that comes due while its run's delivery runs is
+      coalesced into it: the holder's handler runs again in the same delivery
+      (``delivery_count + 1``, same ``attempt``) before it is acknowledged, at most
+      ``MAX_COALESCED_RERUNS`` times, then the message is handed off.
+    """
+
+    async def send(
+        self,
+        message: messages.OrchestratorMessage | messages.StepMessage,
+        *,
+        key: str | None = None,
+        delay_seconds: float = 0.0,
+    ) -> messages.SendResult: ...
+
+    async def send_batch(self, sends: Sequence[messages.Send]) -> list[messages.SendResult]: ...
+
+    async def consume(
+        self, handlers: Mapping[messages.MessageKind, Handler], *, concurrency: int = 32
+    ) -> Consumer:
+        """Start delivering messages of the kinds in ``handlers``."""
+        ...
+
+
+class World(Protocol):
+    capabilities: Capabilities
+    runs: Runs
+    events: Events
+    steps: Steps
+    hooks: Hooks
+    queue: Queue
+
+    async def close(self) -> None: ...

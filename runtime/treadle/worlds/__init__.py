@@ -1,0 +1,1 @@
+"""World implementations: ``local`` (embedded SQLite), later ``postgres`` and ``nats``."""

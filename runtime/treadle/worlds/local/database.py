@@ -1,0 +1,193 @@
+"""The local World's SQLite database: one connection on one thread.
+
+Every storage and queue operation is a plain function of a ``sqlite3.Connection``
+that ``Database.call`` runs on the database thread, one at a time, so nothing
+blocks the event loop and each operation is atomic with respect to every other
+(the in-band fence needs no more than that). The file is opened in WAL mode
+with ``synchronous=NORMAL``: a committed transaction survives the process being
+killed. A lock file keeps a second process off the same World.
+
+Called by ``storage`` and ``queue``; opened by ``LocalWorld``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import logging
+import os
+import re
+import sqlite3
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from importlib import resources
+from pathlib import Path
+from typing import IO, TypeVar
+
+from treadle import errors
+
+log = logging.getLogger("treadle.worlds.local")
+
+T = TypeVar("T")
+
+SCHEMA_VERSION = 1
+# "trdl": marks a SQLite file as a treadle local World.
+APPLICATION_ID = 0x7472646C
+DATABASE_FILE = "treadle.db"
+LOCK_FILE = "treadle.lock"
+
+
+def now_us() -> int:
+    return time.time_ns() // 1000
+
+
+@contextlib.contextmanager
+def transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """A write transaction: taken at BEGIN, committed on success, rolled back on error."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield conn
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+
+
+class Database:
+    """A SQLite database served by one thread."""
+
+    def __init__(self, directory: Path, conn: sqlite3.Connection, lock: IO[str],
+                 executor: ThreadPoolExecutor) -> None:  # fmt: skip
+        self.directory = directory
+        self._conn = conn
+        self._lock = lock
+        self._executor = executor
+        self._closed = False
+
+    @classmethod
+    async def open(cls, directory: Path) -> Database:
+        executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="treadle-sqlite")
+        loop = asyncio.get_running_loop()
+        try:
+            conn, lock = await loop.run_in_executor(executor, _open_sync, directory)
+        except BaseException:
+            executor.shutdown(wait=False)
+            raise
+        return cls(directory, conn, lock, executor)
+
+    async def call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``fn(connection)`` on the database thread and return its result."""
+        if self._closed:
+            raise errors.StorageUnavailable(f"the local World at {self.directory} is closed")
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self._executor, fn, self._conn)
+        except sqlite3.DatabaseError as exc:
+            raise errors.StorageUnavailable(
+                f"the local World at {self.directory} failed: {exc}"
+            ) from exc
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._executor, _close_sync, self._conn, self._lock)
+        self._executor.shutdown(wait=True)
+
+
+def _open_sync(directory: Path) -> tuple[sqlite3.Connection, IO[str]]:
+    if directory.exists() and not directory.is_dir():
+        raise errors.IncompatibleStorage(
+            f"cannot open a local World at {directory}: it is a file, not a directory"
+        )
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise errors.StorageUnavailable(
+            f"cannot create the local World directory {directory}: {exc.strerror}"
+        ) from exc
+    lock = _take_lock(directory / LOCK_FILE)
+    try:
+        conn = _connect(directory / DATABASE_FILE)
+    except BaseException:
+        lock.close()
+        raise
+    return conn, lock
+
+
+def _take_lock(path: Path) -> IO[str]:
+    handle = open(path, "a+")  # noqa: SIM115 - held open for the World's life
+    try:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().strip() or "unknown"
+        handle.close()
+        raise errors.StorageLocked(
+            f"the local World at {path.parent} is in use by another process (pid {holder}); "
+            "a local World serves one process at a time"
+        ) from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(str(os.getpid()))
+    handle.flush()
+    return handle
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    existed = path.exists() and path.stat().st_size > 0
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    try:
+        application_id = conn.execute("PRAGMA application_id").fetchone()[0]
+        if existed and application_id != APPLICATION_ID:
+            raise errors.IncompatibleStorage(
+                f"{path} is a SQLite database that does not belong to treadle "
+                f"(application_id {application_id:#x}); refusing to touch it"
+            )
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("PRAGMA synchronous = NORMAL")
+        conn.execute("PRAGMA busy_timeout = 5000")
+        if not existed:
+            _create_schema(conn)
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise errors.IncompatibleStorage(
+                f"{path} has schema version {version}, newer than this treadle's "
+                f"{SCHEMA_VERSION}; upgrade treadle to open it"
+            )
+        integrity = conn.execute("PRAGMA quick_check").fetchone()[0]
+        if integrity != "ok":
+            raise errors.IncompatibleStorage(f"{path} is corrupt: {integrity}")
+    except sqlite3.DatabaseError as exc:
+        conn.close()
+        raise errors.IncompatibleStorage(
+            f"{path} is not a usable treadle local World database: {exc}"
+        ) from exc
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def _create_schema(conn: sqlite3.Connection) -> None:
+    text = resources.files("treadle.worlds.local").joinpath("schema.sql").read_text()
+    schema = re.sub(r"--[^\n]*", "", text)
+    with transaction(conn):
+        for statement in schema.split(";"):
+            if statement.strip():
+                conn.execute(statement)
+        conn.execute("INSERT INTO treadle_meta (key, value) VALUES ('created_at', ?)",
+                     (str(now_us()),))  # fmt: skip
+        conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+    log.debug("created local World schema v%d at %s", SCHEMA_VERSION, conn)
+
+
+def _close_sync(conn: sqlite3.Connection, lock: IO[str]) -> None:
+    try:
+        conn.close()
+    finally:
+        lock.close()

@@ -1,0 +1,195 @@
+"""The local World's in-process dispatcher: takes due messages and runs handlers.
+
+One ``LocalConsumer`` per ``queue.consume`` call. Its loop claims what is due
+(``queue.claim``), starts a task per delivery, and sleeps until a send, a
+finished delivery or the next due time wakes it. A delivery renews its lease
+every third of it while the handler runs; a handler that stalls the event
+loop past its lease loses it, and the message is delivered again while the
+stalled one's answer is dropped (its lease is gone). When a delivery's ack is
+refused because messages were coalesced into it, the handler runs again in
+the same delivery (``delivery_count + rerun``, same ``attempt``), up to
+``MAX_COALESCED_RERUNS`` times, then the message is handed off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import time
+
+from treadle.world import constants, contract, messages
+from treadle.worlds.local import queue
+
+log = logging.getLogger("treadle.worlds.local.dispatch")
+
+
+class LocalConsumer:
+    def __init__(
+        self,
+        owner: queue.LocalQueue,
+        handlers: dict[messages.MessageKind, contract.Handler],
+        concurrency: int,
+    ) -> None:
+        if concurrency < 1:
+            raise ValueError(f"concurrency must be at least 1, got {concurrency}")
+        if not handlers:
+            raise ValueError("consume needs at least one handler")
+        self._queue = owner
+        self._handlers = handlers
+        self._kinds = tuple(sorted(handlers))
+        self._concurrency = concurrency
+        self._wake = asyncio.Event()
+        self._running: dict[asyncio.Task[None], queue.Leased] = {}
+        self._closing = False
+        self._loop_task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._queue.add_listener(self._wake)
+        self._loop_task = asyncio.get_running_loop().create_task(
+            self._dispatch(), name="treadle-local-dispatch"
+        )
+
+    async def close(self, *, grace_seconds: float = 30.0) -> None:
+        if self._closing:
+            return
+        self._closing = True
+        self._queue.remove_listener(self._wake)
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._loop_task
+        running = list(self._running)
+        if running:
+            _, pending = await asyncio.wait(running, timeout=max(grace_seconds, 0))
+            for task in pending:
+                task.cancel()
+            if pending:
+                await asyncio.wait(pending)
+
+    async def _dispatch(self) -> None:
+        tuning = self._queue.tuning
+        while not self._closing:
+            self._wake.clear()
+            free = self._concurrency - len(self._running)
+            try:
+                claimed = await self._queue.db.call(
+                    functools.partial(
+                        queue.claim, kinds=self._kinds, capacity=free,
+                        lease_seconds=tuning.lease_seconds,
+                    )
+                )  # fmt: skip
+            except Exception:
+                log.exception("local queue: claiming messages failed; retrying in 1 s")
+                await asyncio.sleep(1.0)
+                continue
+            for leased in claimed.leased:
+                task = asyncio.get_running_loop().create_task(
+                    self._deliver(leased), name=f"treadle-delivery-{leased.message_id}"
+                )
+                self._running[task] = leased
+                task.add_done_callback(self._finished)
+            timeout: float | None = None
+            if claimed.next_due is not None:
+                timeout = max(claimed.next_due / 1e6 - time.time(), 0.0) + 0.001
+                if not claimed.leased and len(self._running) >= self._concurrency:
+                    timeout = max(timeout, tuning.lease_seconds / 3)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout)
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self._running.pop(task, None)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("local queue: delivery task failed", exc_info=task.exception())
+        self._wake.set()
+
+    async def _deliver(self, leased: queue.Leased) -> None:
+        message = messages.MESSAGE_ADAPTER.validate_json(leased.payload)
+        handler = self._handlers[message.kind]
+        heartbeat = asyncio.get_running_loop().create_task(self._heartbeat(leased))
+        started_ms = int(time.time() * 1000)
+        attempt = max(1, leased.delivery_count - leased.handoffs)
+        rerun = 0
+        covered = 0
+        try:
+            while True:
+                meta = messages.DeliveryMeta(
+                    message_id=leased.message_id, delivery_count=leased.delivery_count + rerun,
+                    attempt=attempt, invocation_started_at=started_ms, key=leased.key,
+                    rerun=rerun,
+                )  # fmt: skip
+                outcome = await _call(handler, message, meta)
+                settled = await self._settle(leased, outcome, covered)
+                if settled.status != "rerun":
+                    break
+                if rerun >= constants.MAX_COALESCED_RERUNS:
+                    log.info("run %s: %d coalesced re-runs used up; handing off message %s",
+                             message.run_id, rerun, leased.message_id)  # fmt: skip
+                    await self._settle(leased, messages.HANDOFF, covered)
+                    break
+                covered = settled.coalesced
+                rerun += 1
+        except asyncio.CancelledError:
+            # Shutdown cut the delivery off: leave the message to be delivered again.
+            await self._queue.db.call(functools.partial(queue.abandon, leased=leased))
+            raise
+        finally:
+            heartbeat.cancel()
+
+    async def _settle(
+        self, leased: queue.Leased, outcome: queue.Outcome, covered: int
+    ) -> queue.Settled:
+        settled = await self._queue.db.call(
+            functools.partial(
+                queue.settle, leased=leased, outcome=outcome, covered=covered,
+                lines=self._queue.lines, tuning=self._queue.tuning,
+            )
+        )  # fmt: skip
+        if settled.status == "stale":
+            log.warning(
+                "message %s: the delivery outlived its lease; its answer %s is dropped "
+                "and the message is delivered again",
+                leased.message_id,
+                outcome,
+            )
+        elif settled.status == "dead":
+            log.error("message %s: %d failed deliveries; moved to the dead letters",
+                      leased.message_id, leased.delivery_count)  # fmt: skip
+        if settled.status != "rerun":
+            self._wake.set()
+        return settled
+
+    async def _heartbeat(self, leased: queue.Leased) -> None:
+        lease = self._queue.tuning.lease_seconds
+        while True:
+            await asyncio.sleep(lease / 3)
+            held = await self._queue.db.call(
+                functools.partial(queue.renew, message_id=leased.message_id,
+                                  token=leased.token, lease_seconds=lease)
+            )  # fmt: skip
+            if not held:
+                log.warning("message %s: delivery lost its lease (stalled past %.1f s)",
+                            leased.message_id, lease)  # fmt: skip
+                return
+
+
+async def _call(
+    handler: contract.Handler,
+    message: messages.OrchestratorMessage | messages.StepMessage,
+    meta: messages.DeliveryMeta,
+) -> queue.Outcome:
+    try:
+        result = await handler(message, meta)
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        log.warning("run %s: handler for message %s raised %s: %s; redelivering with backoff",
+                    message.run_id, meta.message_id, type(exc).__name__, exc,
+                    exc_info=log.isEnabledFor(logging.DEBUG))  # fmt: skip
+        return queue.Failed(f"{type(exc).__name__}: {exc}")
+    if not isinstance(result, messages.Ack | messages.Redeliver | messages.Handoff):
+        log.error("run %s: handler answered %r, not Ack, Redeliver or Handoff; redelivering",
+                  message.run_id, result)  # fmt: skip
+        return queue.Failed(f"handler answered {result!r}")
+    return result

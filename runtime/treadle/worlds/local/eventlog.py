@@ -1,0 +1,419 @@
+"""Appends to a run's event log, on the database thread.
+
+Each function here runs inside one SQLite transaction and decides, in this
+order: the run exists; the fence (an in-band write's ``expected_seq_in_band``
+against the run's ``seq_in_band``); the contract (counts present and sane);
+each event's own checks (terminal run, ended step, live hook); then it
+allocates slots, inserts, folds the read views (run status, steps, hooks) and
+moves the counters. A refusal raises before anything is written, so it never
+leaves a hole.
+
+Called by ``storage.LocalEvents`` and ``storage.LocalRuns``.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+from pydantic import JsonValue
+
+from treadle import errors
+from treadle.world import constants, events
+from treadle.worlds.local.database import now_us, transaction
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def to_us(moment: datetime) -> int:
+    if moment.tzinfo is None:
+        raise errors.WorldContractError(f"time {moment.isoformat()} has no timezone; use UTC")
+    delta = moment - _EPOCH
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+
+
+def from_us(value: int) -> datetime:
+    return _EPOCH + timedelta(microseconds=value)
+
+
+def dumps(value: JsonValue) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+EVENT_COLUMNS = "run_id, slot, type, correlation_id, in_band, created_at, data"
+
+
+def row_to_event(row: sqlite3.Row | tuple[object, ...]) -> events.LoggedEvent:
+    run_id, slot, _type, _cid, in_band, created_at, data = row
+    assert isinstance(data, str)
+    assert isinstance(created_at, int)
+    return events.LoggedEvent(
+        run_id=str(run_id),
+        slot=int(str(slot)),
+        created_at=from_us(created_at),
+        in_band=bool(in_band),
+        event=events.parse_event(data),
+    )
+
+
+@dataclass(slots=True)
+class _Run:
+    run_id: str
+    status: str
+    seq: int
+    seq_in_band: int
+
+
+@dataclass(slots=True)
+class Appended:
+    """What an append committed, for the async layer to wrap and publish."""
+
+    committed: list[events.LoggedEvent]
+    allocated: int
+    report: list[events.LoggedEvent] = field(default_factory=list)
+    has_more: bool = False
+    # Per batch item: the committed event or the refusal.
+    items: list[events.LoggedEvent | errors.WorldError] = field(default_factory=list)
+
+
+def _load_run(conn: sqlite3.Connection, run_id: str) -> _Run:
+    row = conn.execute(
+        "SELECT status, seq, seq_in_band FROM runs WHERE run_id = ?", (run_id,)
+    ).fetchone()
+    if row is None:
+        raise errors.RunNotFound(run_id)
+    return _Run(run_id, row[0], row[1], row[2])
+
+
+def _check_fence(
+    run: _Run, *, in_band: bool, expected_seq_in_band: int | None, event_count: int | None
+) -> None:
+    if not in_band:
+        return
+    if expected_seq_in_band is None:
+        raise errors.WorldContractError(
+            f"run {run.run_id}: an in-band write needs expected_seq_in_band "
+            "(the count from the log load's snapshot)",
+            run_id=run.run_id,
+        )
+    if expected_seq_in_band != run.seq_in_band:
+        raise errors.InBandSuperseded(
+            run.run_id, expected_seq_in_band=expected_seq_in_band, seq_in_band=run.seq_in_band
+        )
+    if event_count is None:
+        raise errors.WorldContractError(
+            f"run {run.run_id}: an in-band write needs event_count "
+            "(the slot its decision was made against)",
+            run_id=run.run_id,
+        )
+    if not 0 <= event_count <= run.seq:
+        raise errors.WorldContractError(
+            f"run {run.run_id}: event_count {event_count} is outside the log "
+            f"(slots 1..{run.seq} exist)",
+            run_id=run.run_id,
+            slot=event_count,
+        )
+
+
+def _report(
+    conn: sqlite3.Connection, run: _Run, event_count: int | None
+) -> tuple[list[events.LoggedEvent], bool]:
+    if event_count is None or event_count >= run.seq:
+        return [], False
+    rows = conn.execute(
+        f"SELECT {EVENT_COLUMNS} FROM events WHERE run_id = ? AND slot > ? AND slot <= ? "
+        "ORDER BY slot LIMIT ?",
+        (run.run_id, event_count, run.seq, constants.MAX_SKIPPED_SLOT_REPORT + 1),
+    ).fetchall()
+    has_more = len(rows) > constants.MAX_SKIPPED_SLOT_REPORT
+    return [row_to_event(r) for r in rows[: constants.MAX_SKIPPED_SLOT_REPORT]], has_more
+
+
+def _admit(conn: sqlite3.Connection, run: _Run, event: events.Event) -> events.Event:
+    """Refuse an event its run cannot take; return what to store (a hook clash turns
+    into ``hook_conflict``)."""
+    kind = event.type
+    if kind == "run_created":
+        raise errors.WorldContractError(
+            f"run {run.run_id}: run_created is written by runs.create, not events.create",
+            run_id=run.run_id,
+        )
+    if run.status in ("completed", "failed", "cancelled") and kind in (
+        events.REFUSED_ON_TERMINAL_RUN
+    ):
+        raise errors.RunExpired(run.run_id, status=run.status, event_type=kind)
+    if isinstance(event, events.StepStarted):
+        row = conn.execute(
+            "SELECT outcome_slot FROM steps WHERE run_id = ? AND step_id = ?",
+            (run.run_id, event.correlation_id),
+        ).fetchone()
+        if row is not None and row[0] is not None:
+            raise errors.StepAlreadyEnded(
+                run.run_id, step_id=event.correlation_id, outcome_slot=row[0]
+            )
+    elif isinstance(event, events.HookCreated):
+        holder = conn.execute("SELECT run_id FROM hooks WHERE token = ?", (event.token,)).fetchone()
+        if holder is not None:
+            return events.HookConflict(
+                correlation_id=event.correlation_id, token=event.token, holder_run_id=holder[0]
+            )
+    elif isinstance(event, events.HookReceived):
+        live = conn.execute(
+            "SELECT 1 FROM hooks WHERE run_id = ? AND hook_id = ?",
+            (run.run_id, event.correlation_id),
+        ).fetchone()
+        if live is None:
+            raise errors.HookNotFound(hook_id=event.correlation_id, run_id=run.run_id)
+    return event
+
+
+def _insert(
+    conn: sqlite3.Connection,
+    run: _Run,
+    event: events.Event,
+    *,
+    in_band: bool,
+    created_at: int,
+    idempotency_key: str | None,
+) -> events.LoggedEvent:
+    run.seq += 1
+    if in_band:
+        run.seq_in_band += 1
+    conn.execute(
+        "INSERT INTO events (run_id, slot, type, correlation_id, in_band, created_at, "
+        "idempotency_key, data) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        (run.run_id, run.seq, event.type, event.correlation_id, int(in_band), created_at,
+         idempotency_key, event.model_dump_json()),
+    )  # fmt: skip
+    _fold(conn, run, event, slot=run.seq, at=created_at)
+    return events.LoggedEvent(
+        run_id=run.run_id, slot=run.seq, created_at=from_us(created_at), in_band=in_band,
+        event=event,
+    )  # fmt: skip
+
+
+def _fold(conn: sqlite3.Connection, run: _Run, event: events.Event, *, slot: int, at: int) -> None:
+    """Keep the read views (run row, steps, hooks) in step with the log."""
+    rid = run.run_id
+    match event:
+        case events.RunStarted():
+            if run.status == "pending":
+                run.status = "running"
+            conn.execute(
+                "UPDATE runs SET status = ?, started_at = COALESCE(started_at, ?) "
+                "WHERE run_id = ?", (run.status, at, rid))  # fmt: skip
+        case events.RunCompleted(output=output):
+            _end_run(conn, run, "completed", at, output=dumps(output))
+        case events.RunFailed(error=error):
+            _end_run(conn, run, "failed", at, error=error.model_dump_json())
+        case events.RunCancelled():
+            _end_run(conn, run, "cancelled", at)
+        case events.AttrSet(key=key, value=value):
+            conn.execute(
+                "UPDATE runs SET attributes = json_set(attributes, '$.' || json_quote(?), "
+                "json(?)) WHERE run_id = ?", (key, dumps(value), rid))  # fmt: skip
+        case events.StepCreated(correlation_id=sid, step_name=name, inline=inline):
+            conn.execute(
+                "INSERT OR IGNORE INTO steps (run_id, step_id, step_name, status, attempt, "
+                "inline, created_at, updated_at) VALUES (?, ?, ?, 'created', 0, ?, ?, ?)",
+                (rid, sid, name, int(inline), at, at))  # fmt: skip
+        case events.StepStarted(correlation_id=sid, step_name=name, attempt=attempt):
+            conn.execute(
+                "INSERT INTO steps (run_id, step_id, step_name, status, attempt, inline, "
+                "created_at, updated_at, started_at) VALUES (?, ?, ?, 'running', ?, ?, ?, ?, ?) "
+                "ON CONFLICT (run_id, step_id) DO UPDATE SET status = 'running', "
+                "attempt = max(attempt, excluded.attempt), updated_at = excluded.updated_at, "
+                "started_at = excluded.started_at, retry_after = NULL",
+                (rid, sid, name, attempt, int(event.inline), at, at, at))  # fmt: skip
+        case events.StepRetrying(correlation_id=sid, error=error, retry_after=retry_after):
+            conn.execute(
+                "UPDATE steps SET status = 'retrying', error = ?, retry_after = ?, "
+                "updated_at = ? WHERE run_id = ? AND step_id = ? AND outcome_slot IS NULL",
+                (error.model_dump_json(), None if retry_after is None else to_us(retry_after),
+                 at, rid, sid))  # fmt: skip
+        case events.StepCompleted(correlation_id=sid, step_name=name, result=result):
+            _end_step(conn, rid, sid, name, "completed", slot, at, result=dumps(result))
+        case events.StepFailed(correlation_id=sid, step_name=name, error=error):
+            _end_step(conn, rid, sid, name, "failed", slot, at, error=error.model_dump_json())
+        case events.HookCreated(correlation_id=hid, token=token, metadata=metadata):
+            conn.execute(
+                "INSERT INTO hooks (token, run_id, hook_id, created_at, metadata) "
+                "VALUES (?, ?, ?, ?, ?)", (token, rid, hid, at, dumps(metadata)))  # fmt: skip
+        case events.HookDisposed(correlation_id=hid):
+            conn.execute("DELETE FROM hooks WHERE run_id = ? AND hook_id = ?", (rid, hid))
+        case _:
+            pass
+    conn.execute(
+        "UPDATE runs SET seq = ?, seq_in_band = ?, updated_at = ? WHERE run_id = ?",
+        (run.seq, run.seq_in_band, at, rid),
+    )
+
+
+def _end_run(
+    conn: sqlite3.Connection, run: _Run, status: str, at: int,
+    *, output: str | None = None, error: str | None = None,
+) -> None:  # fmt: skip
+    run.status = status
+    conn.execute(
+        "UPDATE runs SET status = ?, output = ?, error = ?, completed_at = ? WHERE run_id = ?",
+        (status, output, error, at, run.run_id),
+    )
+    # A terminal event frees every hook the run still holds.
+    conn.execute("DELETE FROM hooks WHERE run_id = ?", (run.run_id,))
+
+
+def _end_step(
+    conn: sqlite3.Connection, rid: str, sid: str, name: str, status: str, slot: int, at: int,
+    *, result: str | None = None, error: str | None = None,
+) -> None:  # fmt: skip
+    conn.execute(
+        "INSERT INTO steps (run_id, step_id, step_name, status, attempt, inline, outcome_slot, "
+        "created_at, updated_at, completed_at, result, error) "
+        "VALUES (?, ?, ?, ?, 0, 0, ?, ?, ?, ?, ?, ?) "
+        "ON CONFLICT (run_id, step_id) DO UPDATE SET status = excluded.status, "
+        "outcome_slot = excluded.outcome_slot, updated_at = excluded.updated_at, "
+        "completed_at = excluded.completed_at, result = excluded.result, error = excluded.error "
+        "WHERE outcome_slot IS NULL",
+        (rid, sid, name, status, slot, at, at, at, result, error),
+    )
+
+
+def append(
+    conn: sqlite3.Connection,
+    run_id: str,
+    event: events.Event,
+    *,
+    in_band: bool,
+    expected_seq_in_band: int | None,
+    event_count: int | None,
+    occurred_at: datetime | None,
+    idempotency_key: str | None,
+) -> Appended:
+    """One event: fence, checks, slot, fold. Runs on the database thread."""
+    with transaction(conn):
+        run = _load_run(conn, run_id)
+        _check_fence(
+            run, in_band=in_band, expected_seq_in_band=expected_seq_in_band,
+            event_count=event_count,
+        )  # fmt: skip
+        if idempotency_key is not None:
+            row = conn.execute(
+                f"SELECT {EVENT_COLUMNS} FROM events WHERE run_id = ? AND idempotency_key = ?",
+                (run_id, idempotency_key),
+            ).fetchone()
+            if row is not None:
+                return Appended(committed=[row_to_event(row)], allocated=0)
+        stored = _admit(conn, run, event)
+        report, has_more = _report(conn, run, event_count if in_band else None)
+        at = to_us(occurred_at) if in_band and occurred_at is not None else now_us()
+        logged = _insert(conn, run, stored, in_band=in_band, created_at=at,
+                         idempotency_key=idempotency_key)  # fmt: skip
+        return Appended(committed=[logged], allocated=1, report=report, has_more=has_more)
+
+
+def append_batch(
+    conn: sqlite3.Connection,
+    run_id: str,
+    batch: Sequence[events.Event],
+    *,
+    in_band: bool,
+    expected_seq_in_band: int | None,
+    event_count: int | None,
+    occurred_at: datetime | None,
+) -> Appended:
+    """Step and wait events as one block under one fence check; not atomic per item."""
+    if not batch:
+        raise errors.WorldContractError(f"run {run_id}: create_batch needs at least one event",
+                                        run_id=run_id)  # fmt: skip
+    if len(batch) > constants.MAX_BATCH_EVENTS:
+        raise errors.WorldContractError(
+            f"run {run_id}: a batch holds at most {constants.MAX_BATCH_EVENTS} events, "
+            f"got {len(batch)}", run_id=run_id)  # fmt: skip
+    for index, item in enumerate(batch):
+        if item.type not in events.BATCHABLE_TYPES:
+            raise errors.WorldContractError(
+                f"run {run_id}: batch item {index} is a {item.type} event; a batch carries "
+                "step and wait events only", run_id=run_id)  # fmt: skip
+    with transaction(conn):
+        run = _load_run(conn, run_id)
+        _check_fence(
+            run, in_band=in_band, expected_seq_in_band=expected_seq_in_band,
+            event_count=event_count,
+        )  # fmt: skip
+        report, has_more = _report(conn, run, event_count if in_band else None)
+        at = to_us(occurred_at) if in_band and occurred_at is not None else now_us()
+        refused: set[str] = set()
+        result = Appended(committed=[], allocated=0, report=report, has_more=has_more)
+        for index, item in enumerate(batch):
+            cid = item.correlation_id or ""
+            if cid in refused:
+                result.items.append(
+                    errors.EarlierItemRefused(run_id, correlation_id=cid, index=index)
+                )
+                continue
+            try:
+                stored = _admit(conn, run, item)
+            except errors.WorldError as exc:
+                refused.add(cid)
+                result.items.append(exc)
+                continue
+            logged = _insert(conn, run, stored, in_band=in_band, created_at=at,
+                             idempotency_key=None)  # fmt: skip
+            result.committed.append(logged)
+            result.items.append(logged)
+            result.allocated += 1
+        return result
+
+
+def create_run(
+    conn: sqlite3.Connection,
+    *,
+    run_id: str,
+    workflow_name: str,
+    input: JsonValue,
+    deployment_id: str,
+    spec_version: int,
+    attributes: dict[str, JsonValue],
+) -> tuple[bool, events.LoggedEvent]:
+    """Insert the run row and ``run_created`` at slot 1; converge on a retried create.
+
+    Returns (created, the run_created event).
+    """
+    created = events.RunCreated(
+        workflow_name=workflow_name, input=input, deployment_id=deployment_id,
+        spec_version=spec_version, attributes=attributes,
+    )  # fmt: skip
+    with transaction(conn):
+        row = conn.execute(
+            f"SELECT {EVENT_COLUMNS} FROM events WHERE run_id = ? AND slot = 1", (run_id,)
+        ).fetchone()
+        if row is not None:
+            existing = row_to_event(row)
+            held = existing.event
+            assert isinstance(held, events.RunCreated)
+            if (held.workflow_name, held.input, held.deployment_id) != (
+                workflow_name, input, deployment_id,
+            ):  # fmt: skip
+                raise errors.WorldContractError(
+                    f"run {run_id} exists already with another workflow, input or "
+                    "deployment; a run id names one run", run_id=run_id)  # fmt: skip
+            return False, existing
+        at = now_us()
+        conn.execute(
+            "INSERT INTO runs (run_id, workflow_name, deployment_id, spec_version, status, "
+            "input, attributes, seq, seq_in_band, created_at, updated_at) "
+            "VALUES (?, ?, ?, ?, 'pending', ?, ?, 1, ?, ?, ?)",
+            (run_id, workflow_name, deployment_id, spec_version, dumps(input),
+             dumps(attributes), constants.IN_BAND_SEQ_AT_RUN_CREATION, at, at),
+        )  # fmt: skip
+        conn.execute(
+            "INSERT INTO events (run_id, slot, type, correlation_id, in_band, created_at, data) "
+            "VALUES (?, 1, 'run_created', NULL, 1, ?, ?)",
+            (run_id, at, created.model_dump_json()),
+        )
+        return True, events.LoggedEvent(
+            run_id=run_id, slot=1, created_at=from_us(at), in_band=True, event=created
+        )

@@ -1,0 +1,131 @@
+"""The local live feed: pushes a run's committed events to subscribers in slot order.
+
+Writers hand every committed event to ``Feed.publish`` right after the commit.
+A subscription delivers contiguous slots at once; on a gap (an event it has not
+been handed, or events committed before it subscribed) it reads the missing
+slots from the log. Callbacks run on the event loop; an exception in one is
+passed to the subscriber's ``on_error`` and delivery goes on.
+
+Called by ``storage.LocalEvents``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Iterable
+
+from treadle.world import contract, events, records
+
+log = logging.getLogger("treadle.worlds.local.feed")
+
+ListPage = Callable[[str, int], Awaitable[records.EventPage]]
+
+
+class Subscription:
+    def __init__(
+        self,
+        feed: Feed,
+        run_id: str,
+        after_slot: int,
+        on_event: contract.EventCallback,
+        on_error: contract.ErrorCallback,
+    ) -> None:
+        self._feed = feed
+        self.run_id = run_id
+        self.cursor = after_slot
+        self._on_event = on_event
+        self._on_error = on_error
+        self._pending: dict[int, events.LoggedEvent] = {}
+        self._gap = asyncio.Event()
+        self._gap.set()  # read what was committed before we subscribed
+        self._closed = False
+        self._task = asyncio.get_running_loop().create_task(
+            self._fill_gaps(), name=f"treadle-feed-{run_id}"
+        )
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._feed.remove(self)
+        self._task.cancel()
+
+    def offer(self, committed: Iterable[events.LoggedEvent]) -> None:
+        for event in committed:
+            if event.slot > self.cursor:
+                self._pending[event.slot] = event
+        self._drain()
+        if self._pending:
+            self._gap.set()
+
+    def _drain(self) -> None:
+        while not self._closed and (event := self._pending.pop(self.cursor + 1, None)):
+            self._deliver(event)
+        for slot in [s for s in self._pending if s <= self.cursor]:
+            del self._pending[slot]
+
+    def _deliver(self, event: events.LoggedEvent) -> None:
+        self.cursor = event.slot
+        try:
+            self._on_event(event)
+        except Exception as exc:  # a subscriber's bug must not stop the feed
+            log.warning("run %s: feed subscriber failed on slot %d: %s", self.run_id,
+                        event.slot, exc)  # fmt: skip
+            self._on_error(exc)
+
+    async def _fill_gaps(self) -> None:
+        while not self._closed:
+            await self._gap.wait()
+            self._gap.clear()
+            try:
+                while not self._closed:
+                    page = await self._feed.list_page(self.run_id, self.cursor)
+                    for event in page.events:
+                        if event.slot == self.cursor + 1:
+                            self._deliver(event)
+                    self._drain()
+                    if not page.has_more:
+                        break
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("run %s: feed read failed: %s", self.run_id, exc)
+                self._on_error(exc)
+                self.close()
+                return
+
+
+class Feed:
+    """Subscriptions by run."""
+
+    def __init__(self, list_page: ListPage) -> None:
+        self.list_page = list_page
+        self._by_run: dict[str, list[Subscription]] = {}
+
+    def subscribe(
+        self,
+        run_id: str,
+        after_slot: int,
+        on_event: contract.EventCallback,
+        on_error: contract.ErrorCallback,
+    ) -> Subscription:
+        sub = Subscription(self, run_id, after_slot, on_event, on_error)
+        self._by_run.setdefault(run_id, []).append(sub)
+        return sub
+
+    def remove(self, sub: Subscription) -> None:
+        subs = self._by_run.get(sub.run_id)
+        if subs and sub in subs:
+            subs.remove(sub)
+            if not subs:
+                del self._by_run[sub.run_id]
+
+    def publish(self, run_id: str, committed: list[events.LoggedEvent]) -> None:
+        for sub in list(self._by_run.get(run_id, ())):
+            sub.offer(committed)
+
+    def close(self) -> None:
+        for subs in list(self._by_run.values()):
+            for sub in list(subs):
+                sub.close()

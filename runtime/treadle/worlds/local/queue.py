@@ -1,0 +1,352 @@
+"""The local World's durable queue: message rows in the World's SQLite file.
+
+This module owns the rows and every state change of a message, each one a
+function run on the database thread: ``send_many`` (with key dedupe and the
+run gate decided at the send), ``claim`` (lapsed leases back to ready, due
+messages leased, messages for a held run coalesced into the holder),
+``renew`` (a live delivery's heartbeat) and ``settle`` (what a handler's
+answer does). ``dispatch.LocalConsumer`` drives them.
+
+A message row is ``ready`` (waiting, perhaps delayed) or ``leased`` (being
+delivered). A gated message (a spec 9 run's orchestrator message) joins its
+run's line: while a leased row holds the run, a gated message that comes due
+is deleted and counted on the holder (``coalesced``), and the holder's ack is
+refused until it has re-run to cover that count.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import math
+import secrets
+import sqlite3
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from treadle import errors
+from treadle.world import constants, contract, ids, messages, routing
+from treadle.worlds.local.database import Database, now_us, transaction
+
+_US = 1_000_000
+
+
+@dataclass(slots=True)
+class LineCounters:
+    """Order among due messages: sends take the back, handoffs the front."""
+
+    back: int = 0
+    front: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Leased:
+    message_id: str
+    kind: str
+    payload: str
+    gate_run_id: str | None
+    key: str | None
+    delivery_count: int
+    handoffs: int
+    token: str
+
+
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    leased: list[Leased]
+    # Wall-clock microseconds of the next due message or lease expiry, if any.
+    next_due: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    """The handler raised (or answered something that is not a result)."""
+
+    error: str
+
+
+Outcome = messages.HandlerResult | Failed
+
+
+@dataclass(frozen=True, slots=True)
+class Settled:
+    # "done", "rerun" (coalesced count to cover), "stale" (lease lost), "dead".
+    status: str
+    coalesced: int = 0
+
+
+def _run_spec_version(conn: sqlite3.Connection, run_id: str) -> int | None:
+    row = conn.execute("SELECT spec_version FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+    return None if row is None else int(row[0])
+
+
+def send_many(
+    conn: sqlite3.Connection, sends: Sequence[tuple[messages.Send, str]], lines: LineCounters
+) -> list[messages.SendResult]:
+    """Insert messages (payloads already encoded), deduplicating keyed sends."""
+    now = now_us()
+    window_start = now - constants.QUEUE_MIN_STEP_KEY_DEDUPE_WINDOW_MS * 1000
+    results: list[messages.SendResult] = []
+    with transaction(conn):
+        for send, payload in sends:
+            message = send.message
+            if send.key is not None:
+                held = conn.execute(
+                    "SELECT message_id FROM queue_keys WHERE idempotency_key = ? AND sent_at >= ?",
+                    (send.key, window_start),
+                ).fetchone()
+                if held is not None:
+                    results.append(messages.SendResult(message_id=held[0], deduplicated=True))
+                    continue
+            message_id = ids.new_message_id()
+            if send.key is not None:
+                conn.execute(
+                    "INSERT OR REPLACE INTO queue_keys (idempotency_key, message_id, sent_at) "
+                    "VALUES (?, ?, ?)", (send.key, message_id, now))  # fmt: skip
+            version = None
+            if isinstance(message, messages.OrchestratorMessage) and message.spec_version is None:
+                version = _run_spec_version(conn, message.run_id)
+            lines.back += 1
+            conn.execute(
+                "INSERT INTO queue_messages (message_id, kind, run_id, gate_run_id, "
+                "idempotency_key, payload, state, available_at, line, first_sent_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, 'ready', ?, ?, ?)",
+                (message_id, message.kind, message.run_id,
+                 routing.gated_run_id(message, version), send.key, payload,
+                 now + round(send.delay_seconds * _US), lines.back, now),
+            )  # fmt: skip
+            results.append(messages.SendResult(message_id=message_id))
+    return results
+
+
+def claim(
+    conn: sqlite3.Connection, kinds: tuple[str, ...], capacity: int, lease_seconds: float
+) -> Claimed:
+    """Lease what is due (up to ``capacity``), coalescing messages for held runs."""
+    now = now_us()
+    lease_until = now + round(lease_seconds * _US)
+    kind_marks = ", ".join("?" * len(kinds))
+    leased: list[Leased] = []
+    with transaction(conn):
+        # A lease that lapsed (its delivery stalled or its consumer went away) is due again.
+        conn.execute(
+            "UPDATE queue_messages SET state = 'ready', lease_token = NULL, coalesced = 0 "
+            "WHERE state = 'leased' AND lease_until < ?", (now,))  # fmt: skip
+        holders = dict(
+            conn.execute(
+                "SELECT gate_run_id, message_id FROM queue_messages "
+                "WHERE state = 'leased' AND gate_run_id IS NOT NULL"
+            ).fetchall()
+        )
+        due = conn.execute(
+            "SELECT message_id, kind, payload, gate_run_id, idempotency_key, delivery_count, "
+            f"handoffs FROM queue_messages WHERE state = 'ready' AND available_at <= ? "
+            f"AND kind IN ({kind_marks}) ORDER BY line LIMIT ?",
+            (now, *kinds, capacity + 256),
+        ).fetchall()
+        for message_id, kind, payload, gate, key, delivery_count, handoffs in due:
+            if gate is not None and gate in holders:
+                conn.execute("DELETE FROM queue_messages WHERE message_id = ?", (message_id,))
+                conn.execute(
+                    "UPDATE queue_messages SET coalesced = coalesced + 1 WHERE message_id = ?",
+                    (holders[gate],),
+                )
+                continue
+            if capacity <= 0:
+                continue
+            token = secrets.token_hex(8)
+            conn.execute(
+                "UPDATE queue_messages SET state = 'leased', delivery_count = delivery_count + 1, "
+                "lease_token = ?, lease_until = ?, coalesced = 0 WHERE message_id = ?",
+                (token, lease_until, message_id),
+            )
+            capacity -= 1
+            if gate is not None:
+                holders[gate] = message_id
+            leased.append(
+                Leased(message_id, kind, payload, gate, key, delivery_count + 1, handoffs, token)
+            )
+        next_ready = conn.execute(
+            f"SELECT MIN(available_at) FROM queue_messages WHERE state = 'ready' "
+            f"AND kind IN ({kind_marks})", kinds).fetchone()[0]  # fmt: skip
+        next_lapse = conn.execute(
+            "SELECT MIN(lease_until) FROM queue_messages WHERE state = 'leased'"
+        ).fetchone()[0]
+    candidates = [t for t in (next_ready, next_lapse) if t is not None]
+    return Claimed(leased, min(candidates) if candidates else None)
+
+
+def renew(conn: sqlite3.Connection, message_id: str, token: str, lease_seconds: float) -> bool:
+    """Extend a live lease; False once it has lapsed or been taken over."""
+    now = now_us()
+    with transaction(conn):
+        until = now + round(lease_seconds * _US)
+        cur = conn.execute(
+            "UPDATE queue_messages SET lease_until = ? WHERE message_id = ? AND lease_token = ? "
+            "AND lease_until >= ?",
+            (until, message_id, token, now),
+        )
+        return cur.rowcount == 1
+
+
+def settle(
+    conn: sqlite3.Connection,
+    leased: Leased,
+    outcome: Outcome,
+    covered: int,
+    lines: LineCounters,
+    tuning: contract.QueueTuning,
+) -> Settled:
+    """Apply a handler's answer, if this delivery still holds its lease."""
+    now = now_us()
+    with transaction(conn):
+        row = conn.execute(
+            "SELECT coalesced FROM queue_messages WHERE message_id = ? AND lease_token = ? "
+            "AND lease_until >= ?", (leased.message_id, leased.token, now)).fetchone()  # fmt: skip
+        if row is None:
+            return Settled("stale")
+        mid = leased.message_id
+        match outcome:
+            case messages.Ack():
+                if row[0] > covered:
+                    return Settled("rerun", coalesced=row[0])
+                conn.execute("DELETE FROM queue_messages WHERE message_id = ?", (mid,))
+            case messages.Redeliver(seconds=seconds):
+                _ready(conn, mid, now + round(_clamp_delay(seconds) * _US))
+            case messages.Handoff():
+                if leased.handoffs >= constants.MAX_LOCAL_HANDOFFS:
+                    _ready(conn, mid, now)  # past the bound: an ordinary, counted reschedule
+                else:
+                    lines.front -= 1
+                    conn.execute(
+                        "UPDATE queue_messages SET state = 'ready', available_at = ?, line = ?, "
+                        "handoffs = handoffs + 1, lease_token = NULL, coalesced = 0 "
+                        "WHERE message_id = ?", (now, lines.front, mid))  # fmt: skip
+            case Failed(error=error):
+                failures = leased.delivery_count - leased.handoffs
+                if failures >= constants.MAX_LOCAL_FAILED_DELIVERIES:
+                    _dead_letter(conn, leased, error, now)
+                    return Settled("dead")
+                delay = tuning.backoff_seconds(failures)
+                _ready(conn, mid, now + round(delay * _US))
+    return Settled("done")
+
+
+def abandon(conn: sqlite3.Connection, leased: Leased) -> None:
+    """A delivery cut off by shutdown: due again at once, counted above 1."""
+    with transaction(conn):
+        conn.execute(
+            "UPDATE queue_messages SET state = 'ready', available_at = ?, lease_token = NULL, "
+            "coalesced = 0 WHERE message_id = ? AND lease_token = ?",
+            (now_us(), leased.message_id, leased.token),
+        )
+
+
+def recover(conn: sqlite3.Connection) -> LineCounters:
+    """At open: deliveries of a dead process are due again; old dedupe keys go."""
+    now = now_us()
+    with transaction(conn):
+        conn.execute(
+            "UPDATE queue_messages SET state = 'ready', available_at = MIN(available_at, ?), "
+            "lease_token = NULL, coalesced = 0 WHERE state = 'leased'", (now,))  # fmt: skip
+        conn.execute(
+            "DELETE FROM queue_keys WHERE sent_at < ?",
+            (now - constants.QUEUE_MIN_STEP_KEY_DEDUPE_WINDOW_MS * 1000,),
+        )
+        low, high = conn.execute("SELECT MIN(line), MAX(line) FROM queue_messages").fetchone()
+    return LineCounters(back=max(high or 0, 0), front=min(low or 0, 0))
+
+
+def _ready(conn: sqlite3.Connection, message_id: str, available_at: int) -> None:
+    conn.execute(
+        "UPDATE queue_messages SET state = 'ready', available_at = ?, lease_token = NULL, "
+        "coalesced = 0 WHERE message_id = ?", (available_at, message_id))  # fmt: skip
+
+
+def _clamp_delay(seconds: float) -> float:
+    if not math.isfinite(seconds):
+        return constants.MAX_REDELIVER_SECONDS
+    return min(max(seconds, 0.0), constants.MAX_REDELIVER_SECONDS)
+
+
+def _dead_letter(conn: sqlite3.Connection, leased: Leased, error: str, now: int) -> None:
+    row = conn.execute(
+        "SELECT run_id FROM queue_messages WHERE message_id = ?", (leased.message_id,)
+    ).fetchone()
+    conn.execute(
+        "INSERT OR REPLACE INTO queue_dead_letters (message_id, kind, run_id, payload, "
+        "delivery_count, last_error, dead_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+        (leased.message_id, leased.kind, row[0], leased.payload, leased.delivery_count, error,
+         now),
+    )  # fmt: skip
+    conn.execute("DELETE FROM queue_messages WHERE message_id = ?", (leased.message_id,))
+
+
+class LocalQueue:
+    """Sends, and starts consumers (``dispatch.LocalConsumer``)."""
+
+    def __init__(self, db: Database, lines: LineCounters, tuning: contract.QueueTuning) -> None:
+        self.db = db
+        self.lines = lines
+        self.tuning = tuning
+        self.consumers: list[contract.Consumer] = []
+        self._listeners: list[asyncio.Event] = []
+
+    def add_listener(self, event: asyncio.Event) -> None:
+        self._listeners.append(event)
+
+    def remove_listener(self, event: asyncio.Event) -> None:
+        if event in self._listeners:
+            self._listeners.remove(event)
+
+    def _wake(self) -> None:
+        for event in self._listeners:
+            event.set()
+
+    async def send(
+        self,
+        message: messages.OrchestratorMessage | messages.StepMessage,
+        *,
+        key: str | None = None,
+        delay_seconds: float = 0.0,
+    ) -> messages.SendResult:
+        (result,) = await self.send_batch([messages.Send(message, key, delay_seconds)])
+        return result
+
+    async def send_batch(self, sends: Sequence[messages.Send]) -> list[messages.SendResult]:
+        prepared = [(send, _encode(send)) for send in sends]
+        if not prepared:
+            return []
+        results = await self.db.call(functools.partial(send_many, sends=prepared, lines=self.lines))
+        self._wake()
+        return results
+
+    async def consume(
+        self,
+        handlers: Mapping[messages.MessageKind, contract.Handler],
+        *,
+        concurrency: int = 32,
+    ) -> contract.Consumer:
+        from treadle.worlds.local.dispatch import LocalConsumer
+
+        consumer = LocalConsumer(self, dict(handlers), concurrency)
+        consumer.start()
+        self.consumers.append(consumer)
+        return consumer
+
+
+def _encode(send: messages.Send) -> str:
+    delay = send.delay_seconds
+    if not math.isfinite(delay) or delay < 0:
+        raise errors.WorldContractError(
+            f"run {send.message.run_id}: a send's delay must be a finite number of seconds "
+            f">= 0, got {delay}", run_id=send.message.run_id)  # fmt: skip
+    if send.key is not None and not send.key:
+        raise errors.WorldContractError("an idempotency key must not be empty")
+    payload = send.message.model_dump_json()
+    size = len(payload.encode())
+    if size > constants.MAX_MESSAGE_BYTES:
+        raise errors.MessageTooLarge(
+            size=size, limit=constants.MAX_MESSAGE_BYTES, run_id=send.message.run_id
+        )
+    return payload

@@ -1,0 +1,311 @@
+"""The local World's storage half: runs, events, steps and hooks over SQLite.
+
+Writes go through ``eventlog`` on the database thread; reads are single
+queries there too, so a page's snapshot and its events come from one
+consistent state. Called through ``LocalWorld``.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sqlite3
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import cast
+
+from pydantic import JsonValue
+
+from treadle import errors
+from treadle.world import contract, events, ids, records
+from treadle.worlds.local import eventlog
+from treadle.worlds.local.database import Database
+from treadle.worlds.local.eventlog import EVENT_COLUMNS, from_us, row_to_event
+from treadle.worlds.local.feed import Feed, Subscription
+
+_RUN_COLUMNS = (
+    "run_id, workflow_name, status, deployment_id, spec_version, input, created_at, "
+    "updated_at, seq, seq_in_band, started_at, completed_at, output, error, attributes"
+)
+_STEP_COLUMNS = (
+    "run_id, step_id, step_name, status, attempt, inline, created_at, updated_at, "
+    "started_at, completed_at, retry_after, result, error"
+)
+
+
+def _opt_time(value: int | None) -> datetime | None:
+    return None if value is None else from_us(value)
+
+
+def _opt_error(value: str | None) -> events.ErrorInfo | None:
+    return None if value is None else events.ErrorInfo.model_validate_json(value)
+
+
+def _opt_json(value: str | None) -> JsonValue:
+    return None if value is None else cast(JsonValue, json.loads(value))
+
+
+def _run_record(row: tuple[object, ...]) -> records.RunRecord:
+    (run_id, workflow, status, deployment, spec, input_, created, updated, seq, seq_ib,
+     started, completed, output, error, attributes) = row  # fmt: skip
+    return records.RunRecord(
+        run_id=str(run_id), workflow_name=str(workflow),
+        status=cast(records.RunStatus, status), deployment_id=str(deployment),
+        spec_version=cast(int, spec), input=_opt_json(cast(str, input_)),
+        created_at=from_us(cast(int, created)), updated_at=from_us(cast(int, updated)),
+        seq=cast(int, seq), seq_in_band=cast(int, seq_ib),
+        started_at=_opt_time(cast(int | None, started)),
+        completed_at=_opt_time(cast(int | None, completed)),
+        output=_opt_json(cast(str | None, output)), error=_opt_error(cast(str | None, error)),
+        attributes=cast(dict[str, JsonValue], json.loads(cast(str, attributes))),
+    )  # fmt: skip
+
+
+def _step_record(row: tuple[object, ...]) -> records.StepRecord:
+    (run_id, step_id, name, status, attempt, inline, created, updated, started, completed,
+     retry_after, result, error) = row  # fmt: skip
+    return records.StepRecord(
+        run_id=str(run_id), step_id=str(step_id), step_name=str(name),
+        status=cast(records.StepStatus, status), attempt=cast(int, attempt),
+        inline=bool(inline), created_at=from_us(cast(int, created)),
+        updated_at=from_us(cast(int, updated)), started_at=_opt_time(cast(int | None, started)),
+        completed_at=_opt_time(cast(int | None, completed)),
+        retry_after=_opt_time(cast(int | None, retry_after)),
+        result=_opt_json(cast(str | None, result)), error=_opt_error(cast(str | None, error)),
+    )  # fmt: skip
+
+
+def _get_run(conn: sqlite3.Connection, run_id: str) -> records.RunRecord:
+    row = conn.execute(f"SELECT {_RUN_COLUMNS} FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+    if row is None:
+        raise errors.RunNotFound(run_id)
+    return _run_record(row)
+
+
+def _list_runs(
+    conn: sqlite3.Connection, where: list[str], params: list[object], limit: int
+) -> list[tuple[object, ...]]:
+    clause = f"WHERE {' AND '.join(where)}" if where else ""
+    return conn.execute(
+        f"SELECT {_RUN_COLUMNS} FROM runs {clause} ORDER BY created_at DESC, run_id DESC LIMIT ?",
+        (*params, limit + 1),
+    ).fetchall()
+
+
+def _list_events(
+    conn: sqlite3.Connection, run_id: str, after_slot: int, limit: int
+) -> records.EventPage:
+    counters = conn.execute(
+        "SELECT seq, seq_in_band FROM runs WHERE run_id = ?", (run_id,)
+    ).fetchone()
+    if counters is None:
+        raise errors.RunNotFound(run_id)
+    rows = conn.execute(
+        f"SELECT {EVENT_COLUMNS} FROM events WHERE run_id = ? AND slot > ? ORDER BY slot LIMIT ?",
+        (run_id, after_slot, limit + 1),
+    ).fetchall()
+    page = tuple(row_to_event(r) for r in rows[:limit])
+    return records.EventPage(
+        events=page,
+        snapshot=events.Snapshot(seq=counters[0], seq_in_band=counters[1]),
+        has_more=len(rows) > limit,
+        cursor=page[-1].slot if page else after_slot,
+    )
+
+
+class LocalRuns:
+    def __init__(self, db: Database, feed: Feed) -> None:
+        self._db = db
+        self._feed = feed
+
+    async def create(
+        self,
+        *,
+        workflow_name: str,
+        input: JsonValue,
+        deployment_id: str,
+        spec_version: int,
+        run_id: str | None = None,
+        attributes: Mapping[str, JsonValue] | None = None,
+    ) -> records.RunRecord:
+        if run_id is not None and not ids.is_run_id(run_id):
+            raise errors.WorldContractError(
+                f"{run_id!r} is not a run id (expected wrun_ and a ULID)", run_id=run_id
+            )
+        rid = run_id or ids.new_run_id()
+        created, first = await self._db.call(
+            functools.partial(
+                eventlog.create_run, run_id=rid, workflow_name=workflow_name, input=input,
+                deployment_id=deployment_id, spec_version=spec_version,
+                attributes=dict(attributes or {}),
+            )
+        )  # fmt: skip
+        if created:
+            self._feed.publish(rid, [first])
+        return await self.get(rid)
+
+    async def get(self, run_id: str) -> records.RunRecord:
+        return await self._db.call(functools.partial(_get_run, run_id=run_id))
+
+    async def list(
+        self,
+        *,
+        status: records.RunStatus | None = None,
+        workflow_name: str | None = None,
+        deployment_id: str | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> records.RunPage:
+        if limit < 1:
+            raise errors.WorldContractError(f"runs.list needs limit >= 1, got {limit}")
+        where: list[str] = []
+        params: list[object] = []
+        for column, value in (
+            ("status", status), ("workflow_name", workflow_name), ("deployment_id", deployment_id),
+        ):  # fmt: skip
+            if value is not None:
+                where.append(f"{column} = ?")
+                params.append(value)
+        if cursor is not None:
+            created_s, _, last_id = cursor.partition(":")
+            if not created_s.isdigit() or not last_id:
+                raise errors.WorldContractError(f"runs.list cursor {cursor!r} is not valid")
+            where.append("(created_at < ? OR (created_at = ? AND run_id < ?))")
+            params += [int(created_s), int(created_s), last_id]
+        rows = await self._db.call(
+            functools.partial(_list_runs, where=where, params=params, limit=limit)
+        )
+        runs = tuple(_run_record(r) for r in rows[:limit])
+        next_cursor = None
+        if len(rows) > limit:
+            last = rows[limit - 1]
+            next_cursor = f"{last[6]}:{last[0]}"
+        return records.RunPage(runs=runs, next_cursor=next_cursor)
+
+
+class LocalEvents:
+    def __init__(self, db: Database, feed: Feed) -> None:
+        self._db = db
+        self._feed = feed
+
+    async def create(
+        self,
+        run_id: str,
+        event: events.Event,
+        *,
+        in_band: bool,
+        expected_seq_in_band: int | None = None,
+        event_count: int | None = None,
+        occurred_at: datetime | None = None,
+        idempotency_key: str | None = None,
+    ) -> records.EventResult:
+        appended = await self._db.call(
+            functools.partial(
+                eventlog.append, run_id=run_id, event=event, in_band=in_band,
+                expected_seq_in_band=expected_seq_in_band, event_count=event_count,
+                occurred_at=occurred_at, idempotency_key=idempotency_key,
+            )
+        )  # fmt: skip
+        if appended.allocated:
+            self._feed.publish(run_id, appended.committed)
+        return records.EventResult(
+            event=appended.committed[0], allocated=appended.allocated,
+            report=tuple(appended.report), has_more=appended.has_more,
+        )  # fmt: skip
+
+    async def create_batch(
+        self,
+        run_id: str,
+        batch: Sequence[events.Event],
+        *,
+        in_band: bool,
+        expected_seq_in_band: int | None = None,
+        event_count: int | None = None,
+        occurred_at: datetime | None = None,
+    ) -> records.BatchResult:
+        appended = await self._db.call(
+            functools.partial(
+                eventlog.append_batch, run_id=run_id, batch=list(batch), in_band=in_band,
+                expected_seq_in_band=expected_seq_in_band, event_count=event_count,
+                occurred_at=occurred_at,
+            )
+        )  # fmt: skip
+        if appended.committed:
+            self._feed.publish(run_id, appended.committed)
+        items = tuple(
+            records.BatchItemResult(error=item)
+            if isinstance(item, errors.WorldError)
+            else records.BatchItemResult(event=item)
+            for item in appended.items
+        )
+        return records.BatchResult(
+            items=items, allocated=appended.allocated, report=tuple(appended.report),
+            has_more=appended.has_more,
+        )  # fmt: skip
+
+    async def list(
+        self, run_id: str, *, after_slot: int = 0, limit: int = 1000
+    ) -> records.EventPage:
+        if limit < 1 or after_slot < 0:
+            raise errors.WorldContractError(
+                f"events.list needs limit >= 1 and after_slot >= 0 "
+                f"(got limit {limit}, after_slot {after_slot})", run_id=run_id)  # fmt: skip
+        return await self._db.call(
+            functools.partial(_list_events, run_id=run_id, after_slot=after_slot, limit=limit)
+        )
+
+    def subscribe(
+        self,
+        run_id: str,
+        after_slot: int,
+        on_event: contract.EventCallback,
+        on_error: contract.ErrorCallback,
+    ) -> Subscription:
+        return self._feed.subscribe(run_id, after_slot, on_event, on_error)
+
+
+class LocalSteps:
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    async def list(self, run_id: str) -> list[records.StepRecord]:
+        def query(conn: sqlite3.Connection) -> list[tuple[object, ...]]:
+            if conn.execute("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)).fetchone() is None:
+                raise errors.RunNotFound(run_id)
+            return conn.execute(
+                f"SELECT {_STEP_COLUMNS} FROM steps WHERE run_id = ? "
+                "ORDER BY created_at, step_id", (run_id,)).fetchall()  # fmt: skip
+
+        return [_step_record(r) for r in await self._db.call(query)]
+
+    async def get(self, run_id: str, step_id: str) -> records.StepRecord:
+        def query(conn: sqlite3.Connection) -> tuple[object, ...] | None:
+            row: tuple[object, ...] | None = conn.execute(
+                f"SELECT {_STEP_COLUMNS} FROM steps WHERE run_id = ? AND step_id = ?",
+                (run_id, step_id)).fetchone()  # fmt: skip
+            return row
+
+        row = await self._db.call(query)
+        if row is None:
+            raise errors.StepNotFound(run_id, step_id=step_id)
+        return _step_record(row)
+
+
+class LocalHooks:
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    async def get_by_token(self, token: str) -> records.HookRecord:
+        def query(conn: sqlite3.Connection) -> tuple[object, ...] | None:
+            row: tuple[object, ...] | None = conn.execute(
+                "SELECT token, run_id, hook_id, created_at, metadata FROM hooks "
+                "WHERE token = ?", (token,)).fetchone()  # fmt: skip
+            return row
+
+        row = await self._db.call(query)
+        if row is None:
+            raise errors.HookNotFound(token)
+        return records.HookRecord(
+            token=str(row[0]), run_id=str(row[1]), hook_id=str(row[2]),
+            created_at=from_us(cast(int, row[3])), metadata=_opt_json(cast(str | None, row[4])),
+        )  # fmt: skip

@@ -1,0 +1,73 @@
+"""``LocalWorld``: the embedded World, storage and queue in one SQLite file.
+
+``LocalWorld.open(path)`` (or ``async with LocalWorld(path)``) creates or opens
+the World under the directory ``path``; one process at a time may hold it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import TracebackType
+
+from treadle.world import contract, records
+from treadle.worlds.local import queue, storage
+from treadle.worlds.local.database import Database
+from treadle.worlds.local.feed import Feed
+
+CAPABILITIES = contract.Capabilities(
+    in_band_fence=True, serializes_runs=True, coalesces=True, live_feed=True
+)
+
+
+class LocalWorld:
+    """The embedded World. Construct, then ``await world.open()`` (or ``async with``)."""
+
+    capabilities = CAPABILITIES
+
+    def __init__(self, path: str | Path, *, tuning: contract.QueueTuning | None = None) -> None:
+        self.path = Path(path)
+        self.tuning = tuning or contract.QueueTuning()
+        self._db: Database | None = None
+
+    async def open(self) -> LocalWorld:
+        if self._db is not None:
+            return self
+        db = await Database.open(self.path)
+        try:
+            lines = await db.call(queue.recover)
+        except BaseException:
+            await db.close()
+            raise
+        self._db = db
+        self.feed = Feed(self._list_page)
+        self.runs = storage.LocalRuns(db, self.feed)
+        self.events = storage.LocalEvents(db, self.feed)
+        self.steps = storage.LocalSteps(db)
+        self.hooks = storage.LocalHooks(db)
+        self.queue = queue.LocalQueue(db, lines, self.tuning)
+        return self
+
+    async def _list_page(self, run_id: str, after_slot: int) -> records.EventPage:
+        return await self.events.list(run_id, after_slot=after_slot)
+
+    async def close(self) -> None:
+        if self._db is None:
+            return
+        for consumer in list(self.queue.consumers):
+            await consumer.close(grace_seconds=0)
+        self.feed.close()
+        db, self._db = self._db, None
+        await db.close()
+
+    async def __aenter__(self) -> LocalWorld:
+        return await self.open()
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:  # fmt: skip
+        await self.close()
+
+    def __repr__(self) -> str:
+        state = "open" if self._db is not None else "closed"
+        return f"LocalWorld({str(self.path)!r}, {state})"
