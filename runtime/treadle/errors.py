@@ -6,6 +6,18 @@ its message names them too::
 
     TreadleError
     ├── SettingsError                 a bad setting value (names the setting)
+    ├── SerializationError            a value cannot cross the event log (names where)
+    ├── WorkflowError                 about workflow or step code and its runs
+    │   ├── FatalError                raised by a step: fail it now, no retry
+    │   ├── RetryableError            raised by a step: retry (after retry_after)
+    │   ├── StepFailed                a step's final failure, as the workflow sees it
+    │   ├── HookConflictError         another run holds the hook's token
+    │   ├── NonDeterministicCall      workflow code did I/O or read real time
+    │   ├── CorruptedEventLog         replay kept diverging from the log
+    │   ├── DeploymentMismatch        the run's deployment cannot be reached
+    │   ├── WorkflowNotFound          no workflow registered under that name
+    │   ├── RunFailedError            ``run.result()`` of a run that failed
+    │   └── RunCancelledError         ``run.result()`` of a run that was cancelled
     └── WorldError                    the World refused or failed an operation
         ├── InBandSuperseded          fence: a stale expected_seq_in_band; nothing written
         ├── WorldContractError        the caller broke the World contract (a bug, not load)
@@ -27,6 +39,8 @@ refusal leaves the writer's count unchanged.
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 
 class TreadleError(Exception):
     """Base of every error treadle raises on purpose."""
@@ -34,6 +48,108 @@ class TreadleError(Exception):
 
 class SettingsError(TreadleError):
     """A setting has a value treadle cannot use."""
+
+
+class SerializationError(TreadleError):
+    """A value cannot cross the log; ``path`` says which one."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"{path}: {reason}")
+        self.path = path
+        self.reason = reason
+
+
+class WorkflowError(TreadleError):
+    """About workflow or step code and the runs it makes."""
+
+
+class FatalError(WorkflowError):
+    """Raise in a step to fail it at once, without retries."""
+
+
+class RetryableError(WorkflowError):
+    """Raise in a step to retry it, after ``retry_after`` (seconds or timedelta) if given."""
+
+    def __init__(self, message: str = "", *, retry_after: float | timedelta | None = None) -> None:
+        super().__init__(message)
+        if isinstance(retry_after, timedelta):
+            retry_after = retry_after.total_seconds()
+        if retry_after is not None and not retry_after >= 0:
+            raise ValueError(f"retry_after must be >= 0 seconds, got {retry_after}")
+        self.retry_after: float | None = retry_after
+
+
+class StepFailed(WorkflowError):
+    """A step failed for good; awaiting it in a workflow raises this."""
+
+    def __init__(
+        self, step_name: str, message: str, *, error_type: str = "Error", code: str | None = None
+    ) -> None:
+        super().__init__(f"step {step_name} failed: {error_type}: {message}")
+        self.step_name = step_name
+        self.error_message = message
+        self.error_type = error_type
+        self.code = code
+
+
+class HookConflictError(WorkflowError):
+    """Another run holds this hook's token."""
+
+    def __init__(self, token: str, *, holder_run_id: str | None) -> None:
+        super().__init__(f"hook token {token!r} is held by run {holder_run_id}")
+        self.token = token
+        self.holder_run_id = holder_run_id
+
+
+class NonDeterministicCall(WorkflowError):
+    """Workflow code called something that needs real I/O or real time."""
+
+    def __init__(self, call: str) -> None:
+        super().__init__(
+            f"{call} is not allowed in workflow code: it is not deterministic on replay; "
+            "do it in a step"
+        )
+        self.call = call
+
+
+class CorruptedEventLog(WorkflowError):
+    """Replay kept diverging from the run's log; names the position and the mismatch."""
+
+    def __init__(self, run_id: str, *, position: int, recorded: str, reached: str) -> None:
+        super().__init__(
+            f"run {run_id}: the workflow diverged from its event log at position {position}: "
+            f"the log records {recorded}, the code reached {reached}"
+        )
+        self.run_id = run_id
+        self.position = position
+        self.recorded = recorded
+        self.reached = reached
+
+
+class DeploymentMismatch(WorkflowError):
+    """The run's pinned deployment cannot be reached."""
+
+
+class WorkflowNotFound(WorkflowError):
+    """No workflow is registered under this name."""
+
+
+class RunFailedError(WorkflowError):
+    """The run failed; ``error_type`` and ``error_message`` are what it recorded."""
+
+    def __init__(self, run_id: str, message: str, *, error_type: str = "Error") -> None:
+        super().__init__(f"run {run_id} failed: {error_type}: {message}")
+        self.run_id = run_id
+        self.error_message = message
+        self.error_type = error_type
+
+
+class RunCancelledError(WorkflowError):
+    """The run was cancelled."""
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__(f"run {run_id} was cancelled")
+        self.run_id = run_id
 
 
 class WorldError(TreadleError):

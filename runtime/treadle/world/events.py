@@ -155,12 +155,24 @@ class HookConflict(_EntityEvent):
     type: Literal["hook_conflict"] = "hook_conflict"
     token: str
     holder_run_id: str | None = None
+    position: int | None = None
 
 
 class AttrSet(_Event):
     type: Literal["attr_set"] = "attr_set"
     key: str = Field(min_length=1)
     value: JsonValue = None
+
+
+class WakeRequested(_Event):
+    """``run.wake_up()``: asks the orchestrator to complete waits now (out-of-band).
+
+    ``waits`` names the waits; None means every wait open when it was written.
+    Recorded so a wake-up is never lost when its message is coalesced.
+    """
+
+    type: Literal["wake_requested"] = "wake_requested"
+    waits: list[str] | None = None
 
 
 class Noop(_Event):
@@ -187,6 +199,7 @@ Event: TypeAlias = Annotated[
     | HookDisposed
     | HookConflict
     | AttrSet
+    | WakeRequested
     | Noop,
     Field(discriminator="type"),
 ]
@@ -195,12 +208,27 @@ EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
 
 EVENT_TYPES: frozenset[str] = frozenset(
     {
-        "run_created", "run_started", "run_completed", "run_failed", "run_cancelled",
-        "step_created", "step_started", "step_retrying", "step_completed", "step_failed",
-        "wait_created", "wait_completed", "hook_created", "hook_received", "hook_disposed",
-        "hook_conflict", "attr_set", "noop",
+        "run_created",
+        "run_started",
+        "run_completed",
+        "run_failed",
+        "run_cancelled",
+        "step_created",
+        "step_started",
+        "step_retrying",
+        "step_completed",
+        "step_failed",
+        "wait_created",
+        "wait_completed",
+        "hook_created",
+        "hook_received",
+        "hook_disposed",
+        "hook_conflict",
+        "attr_set",
+        "wake_requested",
+        "noop",
     }
-)  # fmt: skip
+)
 RUN_TERMINAL_TYPES: frozenset[str] = frozenset({"run_completed", "run_failed", "run_cancelled"})
 STEP_OUTCOME_TYPES: frozenset[str] = frozenset({"step_completed", "step_failed"})
 STEP_TYPES: frozenset[str] = frozenset(
@@ -210,11 +238,18 @@ WAIT_TYPES: frozenset[str] = frozenset({"wait_created", "wait_completed"})
 # Refused on a terminal run (RunExpired): what would start new work or a new decision.
 REFUSED_ON_TERMINAL_RUN: frozenset[str] = frozenset(
     {
-        "run_started", "run_completed", "run_failed", "run_cancelled",
-        "step_created", "step_started", "step_retrying", "wait_created",
-        "hook_created", "hook_received",
+        "run_started",
+        "run_completed",
+        "run_failed",
+        "run_cancelled",
+        "step_created",
+        "step_started",
+        "step_retrying",
+        "wait_created",
+        "hook_created",
+        "hook_received",
     }
-)  # fmt: skip
+)
 # What a create_batch may carry: step and wait events only.
 BATCHABLE_TYPES: frozenset[str] = STEP_TYPES | WAIT_TYPES
 

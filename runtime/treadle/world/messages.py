@@ -98,6 +98,8 @@ class StepMessage(_Message):
     step_created_at: datetime
     # True on a re-send: the handler reads the log even on a first delivery.
     step_resent: bool = False
+    # The attempt this message starts: above 1 for an inline step's retry moved here.
+    step_attempt: int = 1
     # The step's input when it fits the message; else the handler reads its creation event.
     input: JsonValue = None
     input_in_log: bool = False

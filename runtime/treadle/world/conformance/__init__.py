@@ -3,7 +3,7 @@
 Use it by subclassing the suites in a test module and providing a ``harness``
 fixture that opens the World under test::
 
-    from treadle.world.conformance import harness, storage, queue
+    from treadle.world.conformance import harness, queue, queue_gating, storage, storage_views
 
     class LocalHarness(harness.WorldHarness): ...
 
@@ -11,7 +11,19 @@ fixture that opens the World under test::
     def harness(tmp_path): return LocalHarness(tmp_path)
 
     class TestLocalStorage(storage.StorageConformance): pass
+    class TestLocalStorageViews(storage_views.StorageViewsConformance): pass
     class TestLocalQueue(queue.QueueConformance): pass
+    class TestLocalQueueGating(queue_gating.QueueGatingConformance): pass
 
 The suites import pytest, so this package is for tests only.
 """
+
+import pytest
+
+# Failures in the suites show the values compared, as in a test module.
+pytest.register_assert_rewrite(
+    "treadle.world.conformance.storage",
+    "treadle.world.conformance.storage_views",
+    "treadle.world.conformance.queue",
+    "treadle.world.conformance.queue_gating",
+)

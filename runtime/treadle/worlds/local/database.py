@@ -58,8 +58,9 @@ def transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
 class Database:
     """A SQLite database served by one thread."""
 
-    def __init__(self, directory: Path, conn: sqlite3.Connection, lock: IO[str],
-                 executor: ThreadPoolExecutor) -> None:  # fmt: skip
+    def __init__(
+        self, directory: Path, conn: sqlite3.Connection, lock: IO[str], executor: ThreadPoolExecutor
+    ) -> None:
         self.directory = directory
         self._conn = conn
         self._lock = lock
@@ -179,8 +180,9 @@ def _create_schema(conn: sqlite3.Connection) -> None:
         for statement in schema.split(";"):
             if statement.strip():
                 conn.execute(statement)
-        conn.execute("INSERT INTO treadle_meta (key, value) VALUES ('created_at', ?)",
-                     (str(now_us()),))  # fmt: skip
+        conn.execute(
+            "INSERT INTO treadle_meta (key, value) VALUES ('created_at', ?)", (str(now_us()),)
+        )
         conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
         conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
     log.debug("created local World schema v%d at %s", SCHEMA_VERSION, conn)

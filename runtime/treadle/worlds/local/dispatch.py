@@ -76,10 +76,12 @@ class LocalConsumer:
             try:
                 claimed = await self._queue.db.call(
                     functools.partial(
-                        queue.claim, kinds=self._kinds, capacity=free,
+                        queue.claim,
+                        kinds=self._kinds,
+                        capacity=free,
                         lease_seconds=tuning.lease_seconds,
                     )
-                )  # fmt: skip
+                )
             except Exception:
                 log.exception("local queue: claiming messages failed; retrying in 1 s")
                 await asyncio.sleep(1.0)
@@ -115,17 +117,24 @@ class LocalConsumer:
         try:
             while True:
                 meta = messages.DeliveryMeta(
-                    message_id=leased.message_id, delivery_count=leased.delivery_count + rerun,
-                    attempt=attempt, invocation_started_at=started_ms, key=leased.key,
+                    message_id=leased.message_id,
+                    delivery_count=leased.delivery_count + rerun,
+                    attempt=attempt,
+                    invocation_started_at=started_ms,
+                    key=leased.key,
                     rerun=rerun,
-                )  # fmt: skip
+                )
                 outcome = await _call(handler, message, meta)
                 settled = await self._settle(leased, outcome, covered)
                 if settled.status != "rerun":
                     break
                 if rerun >= constants.MAX_COALESCED_RERUNS:
-                    log.info("run %s: %d coalesced re-runs used up; handing off message %s",
-                             message.run_id, rerun, leased.message_id)  # fmt: skip
+                    log.info(
+                        "run %s: %d coalesced re-runs used up; handing off message %s",
+                        message.run_id,
+                        rerun,
+                        leased.message_id,
+                    )
                     await self._settle(leased, messages.HANDOFF, covered)
                     break
                 covered = settled.coalesced
@@ -142,10 +151,14 @@ class LocalConsumer:
     ) -> queue.Settled:
         settled = await self._queue.db.call(
             functools.partial(
-                queue.settle, leased=leased, outcome=outcome, covered=covered,
-                lines=self._queue.lines, tuning=self._queue.tuning,
+                queue.settle,
+                leased=leased,
+                outcome=outcome,
+                covered=covered,
+                lines=self._queue.lines,
+                tuning=self._queue.tuning,
             )
-        )  # fmt: skip
+        )
         if settled.status == "stale":
             log.warning(
                 "message %s: the delivery outlived its lease; its answer %s is dropped "
@@ -154,8 +167,11 @@ class LocalConsumer:
                 outcome,
             )
         elif settled.status == "dead":
-            log.error("message %s: %d failed deliveries; moved to the dead letters",
-                      leased.message_id, leased.delivery_count)  # fmt: skip
+            log.error(
+                "message %s: %d failed deliveries; moved to the dead letters",
+                leased.message_id,
+                leased.delivery_count,
+            )
         if settled.status != "rerun":
             self._wake.set()
         return settled
@@ -165,12 +181,19 @@ class LocalConsumer:
         while True:
             await asyncio.sleep(lease / 3)
             held = await self._queue.db.call(
-                functools.partial(queue.renew, message_id=leased.message_id,
-                                  token=leased.token, lease_seconds=lease)
-            )  # fmt: skip
+                functools.partial(
+                    queue.renew,
+                    message_id=leased.message_id,
+                    token=leased.token,
+                    lease_seconds=lease,
+                )
+            )
             if not held:
-                log.warning("message %s: delivery lost its lease (stalled past %.1f s)",
-                            leased.message_id, lease)  # fmt: skip
+                log.warning(
+                    "message %s: delivery lost its lease (stalled past %.1f s)",
+                    leased.message_id,
+                    lease,
+                )
                 return
 
 
@@ -184,12 +207,20 @@ async def _call(
     except asyncio.CancelledError:
         raise
     except Exception as exc:
-        log.warning("run %s: handler for message %s raised %s: %s; redelivering with backoff",
-                    message.run_id, meta.message_id, type(exc).__name__, exc,
-                    exc_info=log.isEnabledFor(logging.DEBUG))  # fmt: skip
+        log.warning(
+            "run %s: handler for message %s raised %s: %s; redelivering with backoff",
+            message.run_id,
+            meta.message_id,
+            type(exc).__name__,
+            exc,
+            exc_info=log.isEnabledFor(logging.DEBUG),
+        )
         return queue.Failed(f"{type(exc).__name__}: {exc}")
     if not isinstance(result, messages.Ack | messages.Redeliver | messages.Handoff):
-        log.error("run %s: handler answered %r, not Ack, Redeliver or Handoff; redelivering",
-                  message.run_id, result)  # fmt: skip
+        log.error(
+            "run %s: handler answered %r, not Ack, Redeliver or Handoff; redelivering",
+            message.run_id,
+            result,
+        )
         return queue.Failed(f"handler answered {result!r}")
     return result

@@ -158,7 +158,10 @@ def _admit(conn: sqlite3.Connection, run: _Run, event: events.Event) -> events.E
         holder = conn.execute("SELECT run_id FROM hooks WHERE token = ?", (event.token,)).fetchone()
         if holder is not None:
             return events.HookConflict(
-                correlation_id=event.correlation_id, token=event.token, holder_run_id=holder[0]
+                correlation_id=event.correlation_id,
+                token=event.token,
+                holder_run_id=holder[0],
+                position=event.position,
             )
     elif isinstance(event, events.HookReceived):
         live = conn.execute(
@@ -185,14 +188,25 @@ def _insert(
     conn.execute(
         "INSERT INTO events (run_id, slot, type, correlation_id, in_band, created_at, "
         "idempotency_key, data) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-        (run.run_id, run.seq, event.type, event.correlation_id, int(in_band), created_at,
-         idempotency_key, event.model_dump_json()),
-    )  # fmt: skip
+        (
+            run.run_id,
+            run.seq,
+            event.type,
+            event.correlation_id,
+            int(in_band),
+            created_at,
+            idempotency_key,
+            event.model_dump_json(),
+        ),
+    )
     _fold(conn, run, event, slot=run.seq, at=created_at)
     return events.LoggedEvent(
-        run_id=run.run_id, slot=run.seq, created_at=from_us(created_at), in_band=in_band,
+        run_id=run.run_id,
+        slot=run.seq,
+        created_at=from_us(created_at),
+        in_band=in_band,
         event=event,
-    )  # fmt: skip
+    )
 
 
 def _fold(conn: sqlite3.Connection, run: _Run, event: events.Event, *, slot: int, at: int) -> None:
@@ -203,8 +217,9 @@ def _fold(conn: sqlite3.Connection, run: _Run, event: events.Event, *, slot: int
             if run.status == "pending":
                 run.status = "running"
             conn.execute(
-                "UPDATE runs SET status = ?, started_at = COALESCE(started_at, ?) "
-                "WHERE run_id = ?", (run.status, at, rid))  # fmt: skip
+                "UPDATE runs SET status = ?, started_at = COALESCE(started_at, ?) WHERE run_id = ?",
+                (run.status, at, rid),
+            )
         case events.RunCompleted(output=output):
             _end_run(conn, run, "completed", at, output=dumps(output))
         case events.RunFailed(error=error):
@@ -214,12 +229,15 @@ def _fold(conn: sqlite3.Connection, run: _Run, event: events.Event, *, slot: int
         case events.AttrSet(key=key, value=value):
             conn.execute(
                 "UPDATE runs SET attributes = json_set(attributes, '$.' || json_quote(?), "
-                "json(?)) WHERE run_id = ?", (key, dumps(value), rid))  # fmt: skip
+                "json(?)) WHERE run_id = ?",
+                (key, dumps(value), rid),
+            )
         case events.StepCreated(correlation_id=sid, step_name=name, inline=inline):
             conn.execute(
                 "INSERT OR IGNORE INTO steps (run_id, step_id, step_name, status, attempt, "
                 "inline, created_at, updated_at) VALUES (?, ?, ?, 'created', 0, ?, ?, ?)",
-                (rid, sid, name, int(inline), at, at))  # fmt: skip
+                (rid, sid, name, int(inline), at, at),
+            )
         case events.StepStarted(correlation_id=sid, step_name=name, attempt=attempt):
             conn.execute(
                 "INSERT INTO steps (run_id, step_id, step_name, status, attempt, inline, "
@@ -227,13 +245,20 @@ def _fold(conn: sqlite3.Connection, run: _Run, event: events.Event, *, slot: int
                 "ON CONFLICT (run_id, step_id) DO UPDATE SET status = 'running', "
                 "attempt = max(attempt, excluded.attempt), updated_at = excluded.updated_at, "
                 "started_at = excluded.started_at, retry_after = NULL",
-                (rid, sid, name, attempt, int(event.inline), at, at, at))  # fmt: skip
+                (rid, sid, name, attempt, int(event.inline), at, at, at),
+            )
         case events.StepRetrying(correlation_id=sid, error=error, retry_after=retry_after):
             conn.execute(
                 "UPDATE steps SET status = 'retrying', error = ?, retry_after = ?, "
                 "updated_at = ? WHERE run_id = ? AND step_id = ? AND outcome_slot IS NULL",
-                (error.model_dump_json(), None if retry_after is None else to_us(retry_after),
-                 at, rid, sid))  # fmt: skip
+                (
+                    error.model_dump_json(),
+                    None if retry_after is None else to_us(retry_after),
+                    at,
+                    rid,
+                    sid,
+                ),
+            )
         case events.StepCompleted(correlation_id=sid, step_name=name, result=result):
             _end_step(conn, rid, sid, name, "completed", slot, at, result=dumps(result))
         case events.StepFailed(correlation_id=sid, step_name=name, error=error):
@@ -241,7 +266,9 @@ def _fold(conn: sqlite3.Connection, run: _Run, event: events.Event, *, slot: int
         case events.HookCreated(correlation_id=hid, token=token, metadata=metadata):
             conn.execute(
                 "INSERT INTO hooks (token, run_id, hook_id, created_at, metadata) "
-                "VALUES (?, ?, ?, ?, ?)", (token, rid, hid, at, dumps(metadata)))  # fmt: skip
+                "VALUES (?, ?, ?, ?, ?)",
+                (token, rid, hid, at, dumps(metadata)),
+            )
         case events.HookDisposed(correlation_id=hid):
             conn.execute("DELETE FROM hooks WHERE run_id = ? AND hook_id = ?", (rid, hid))
         case _:
@@ -253,9 +280,14 @@ def _fold(conn: sqlite3.Connection, run: _Run, event: events.Event, *, slot: int
 
 
 def _end_run(
-    conn: sqlite3.Connection, run: _Run, status: str, at: int,
-    *, output: str | None = None, error: str | None = None,
-) -> None:  # fmt: skip
+    conn: sqlite3.Connection,
+    run: _Run,
+    status: str,
+    at: int,
+    *,
+    output: str | None = None,
+    error: str | None = None,
+) -> None:
     run.status = status
     conn.execute(
         "UPDATE runs SET status = ?, output = ?, error = ?, completed_at = ? WHERE run_id = ?",
@@ -266,9 +298,17 @@ def _end_run(
 
 
 def _end_step(
-    conn: sqlite3.Connection, rid: str, sid: str, name: str, status: str, slot: int, at: int,
-    *, result: str | None = None, error: str | None = None,
-) -> None:  # fmt: skip
+    conn: sqlite3.Connection,
+    rid: str,
+    sid: str,
+    name: str,
+    status: str,
+    slot: int,
+    at: int,
+    *,
+    result: str | None = None,
+    error: str | None = None,
+) -> None:
     conn.execute(
         "INSERT INTO steps (run_id, step_id, step_name, status, attempt, inline, outcome_slot, "
         "created_at, updated_at, completed_at, result, error) "
@@ -296,9 +336,11 @@ def append(
     with transaction(conn):
         run = _load_run(conn, run_id)
         _check_fence(
-            run, in_band=in_band, expected_seq_in_band=expected_seq_in_band,
+            run,
+            in_band=in_band,
+            expected_seq_in_band=expected_seq_in_band,
             event_count=event_count,
-        )  # fmt: skip
+        )
         if idempotency_key is not None:
             row = conn.execute(
                 f"SELECT {EVENT_COLUMNS} FROM events WHERE run_id = ? AND idempotency_key = ?",
@@ -309,8 +351,9 @@ def append(
         stored = _admit(conn, run, event)
         report, has_more = _report(conn, run, event_count if in_band else None)
         at = to_us(occurred_at) if in_band and occurred_at is not None else now_us()
-        logged = _insert(conn, run, stored, in_band=in_band, created_at=at,
-                         idempotency_key=idempotency_key)  # fmt: skip
+        logged = _insert(
+            conn, run, stored, in_band=in_band, created_at=at, idempotency_key=idempotency_key
+        )
         return Appended(committed=[logged], allocated=1, report=report, has_more=has_more)
 
 
@@ -326,23 +369,30 @@ def append_batch(
 ) -> Appended:
     """Step and wait events as one block under one fence check; not atomic per item."""
     if not batch:
-        raise errors.WorldContractError(f"run {run_id}: create_batch needs at least one event",
-                                        run_id=run_id)  # fmt: skip
+        raise errors.WorldContractError(
+            f"run {run_id}: create_batch needs at least one event", run_id=run_id
+        )
     if len(batch) > constants.MAX_BATCH_EVENTS:
         raise errors.WorldContractError(
             f"run {run_id}: a batch holds at most {constants.MAX_BATCH_EVENTS} events, "
-            f"got {len(batch)}", run_id=run_id)  # fmt: skip
+            f"got {len(batch)}",
+            run_id=run_id,
+        )
     for index, item in enumerate(batch):
         if item.type not in events.BATCHABLE_TYPES:
             raise errors.WorldContractError(
                 f"run {run_id}: batch item {index} is a {item.type} event; a batch carries "
-                "step and wait events only", run_id=run_id)  # fmt: skip
+                "step and wait events only",
+                run_id=run_id,
+            )
     with transaction(conn):
         run = _load_run(conn, run_id)
         _check_fence(
-            run, in_band=in_band, expected_seq_in_band=expected_seq_in_band,
+            run,
+            in_band=in_band,
+            expected_seq_in_band=expected_seq_in_band,
             event_count=event_count,
-        )  # fmt: skip
+        )
         report, has_more = _report(conn, run, event_count if in_band else None)
         at = to_us(occurred_at) if in_band and occurred_at is not None else now_us()
         refused: set[str] = set()
@@ -360,8 +410,9 @@ def append_batch(
                 refused.add(cid)
                 result.items.append(exc)
                 continue
-            logged = _insert(conn, run, stored, in_band=in_band, created_at=at,
-                             idempotency_key=None)  # fmt: skip
+            logged = _insert(
+                conn, run, stored, in_band=in_band, created_at=at, idempotency_key=None
+            )
             result.committed.append(logged)
             result.items.append(logged)
             result.allocated += 1
@@ -383,9 +434,12 @@ def create_run(
     Returns (created, the run_created event).
     """
     created = events.RunCreated(
-        workflow_name=workflow_name, input=input, deployment_id=deployment_id,
-        spec_version=spec_version, attributes=attributes,
-    )  # fmt: skip
+        workflow_name=workflow_name,
+        input=input,
+        deployment_id=deployment_id,
+        spec_version=spec_version,
+        attributes=attributes,
+    )
     with transaction(conn):
         row = conn.execute(
             f"SELECT {EVENT_COLUMNS} FROM events WHERE run_id = ? AND slot = 1", (run_id,)
@@ -395,20 +449,33 @@ def create_run(
             held = existing.event
             assert isinstance(held, events.RunCreated)
             if (held.workflow_name, held.input, held.deployment_id) != (
-                workflow_name, input, deployment_id,
-            ):  # fmt: skip
+                workflow_name,
+                input,
+                deployment_id,
+            ):
                 raise errors.WorldContractError(
                     f"run {run_id} exists already with another workflow, input or "
-                    "deployment; a run id names one run", run_id=run_id)  # fmt: skip
+                    "deployment; a run id names one run",
+                    run_id=run_id,
+                )
             return False, existing
         at = now_us()
         conn.execute(
             "INSERT INTO runs (run_id, workflow_name, deployment_id, spec_version, status, "
             "input, attributes, seq, seq_in_band, created_at, updated_at) "
             "VALUES (?, ?, ?, ?, 'pending', ?, ?, 1, ?, ?, ?)",
-            (run_id, workflow_name, deployment_id, spec_version, dumps(input),
-             dumps(attributes), constants.IN_BAND_SEQ_AT_RUN_CREATION, at, at),
-        )  # fmt: skip
+            (
+                run_id,
+                workflow_name,
+                deployment_id,
+                spec_version,
+                dumps(input),
+                dumps(attributes),
+                constants.IN_BAND_SEQ_AT_RUN_CREATION,
+                at,
+                at,
+            ),
+        )
         conn.execute(
             "INSERT INTO events (run_id, slot, type, correlation_id, in_band, created_at, data) "
             "VALUES (?, 1, 'run_created', NULL, 1, ?, ?)",

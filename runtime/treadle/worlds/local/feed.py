@@ -70,8 +70,9 @@ class Subscription:
         try:
             self._on_event(event)
         except Exception as exc:  # a subscriber's bug must not stop the feed
-            log.warning("run %s: feed subscriber failed on slot %d: %s", self.run_id,
-                        event.slot, exc)  # fmt: skip
+            log.warning(
+                "run %s: feed subscriber failed on slot %d: %s", self.run_id, event.slot, exc
+            )
             self._on_error(exc)
 
     async def _fill_gaps(self) -> None:

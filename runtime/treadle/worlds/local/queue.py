@@ -102,21 +102,46 @@ def send_many(
             if send.key is not None:
                 conn.execute(
                     "INSERT OR REPLACE INTO queue_keys (idempotency_key, message_id, sent_at) "
-                    "VALUES (?, ?, ?)", (send.key, message_id, now))  # fmt: skip
+                    "VALUES (?, ?, ?)",
+                    (send.key, message_id, now),
+                )
             version = None
             if isinstance(message, messages.OrchestratorMessage) and message.spec_version is None:
                 version = _run_spec_version(conn, message.run_id)
+            gate = routing.gated_run_id(message, version)
+            if gate is not None and send.delay_seconds <= 0 and _coalesce(conn, gate):
+                # Its run's delivery is in flight: the holder re-runs for it before it acks.
+                results.append(messages.SendResult(message_id=message_id))
+                continue
             lines.back += 1
             conn.execute(
                 "INSERT INTO queue_messages (message_id, kind, run_id, gate_run_id, "
                 "idempotency_key, payload, state, available_at, line, first_sent_at) "
                 "VALUES (?, ?, ?, ?, ?, ?, 'ready', ?, ?, ?)",
-                (message_id, message.kind, message.run_id,
-                 routing.gated_run_id(message, version), send.key, payload,
-                 now + round(send.delay_seconds * _US), lines.back, now),
-            )  # fmt: skip
+                (
+                    message_id,
+                    message.kind,
+                    message.run_id,
+                    gate,
+                    send.key,
+                    payload,
+                    now + round(send.delay_seconds * _US),
+                    lines.back,
+                    now,
+                ),
+            )
             results.append(messages.SendResult(message_id=message_id))
     return results
+
+
+def _coalesce(conn: sqlite3.Connection, gate: str) -> bool:
+    """Count a message on its run's in-flight delivery, if there is one."""
+    cur = conn.execute(
+        "UPDATE queue_messages SET coalesced = coalesced + 1 "
+        "WHERE gate_run_id = ? AND state = 'leased'",
+        (gate,),
+    )
+    return cur.rowcount > 0
 
 
 def claim(
@@ -131,7 +156,9 @@ def claim(
         # A lease that lapsed (its delivery stalled or its consumer went away) is due again.
         conn.execute(
             "UPDATE queue_messages SET state = 'ready', lease_token = NULL, coalesced = 0 "
-            "WHERE state = 'leased' AND lease_until < ?", (now,))  # fmt: skip
+            "WHERE state = 'leased' AND lease_until < ?",
+            (now,),
+        )
         holders = dict(
             conn.execute(
                 "SELECT gate_run_id, message_id FROM queue_messages "
@@ -168,7 +195,9 @@ def claim(
             )
         next_ready = conn.execute(
             f"SELECT MIN(available_at) FROM queue_messages WHERE state = 'ready' "
-            f"AND kind IN ({kind_marks})", kinds).fetchone()[0]  # fmt: skip
+            f"AND kind IN ({kind_marks})",
+            kinds,
+        ).fetchone()[0]
         next_lapse = conn.execute(
             "SELECT MIN(lease_until) FROM queue_messages WHERE state = 'leased'"
         ).fetchone()[0]
@@ -202,7 +231,9 @@ def settle(
     with transaction(conn):
         row = conn.execute(
             "SELECT coalesced FROM queue_messages WHERE message_id = ? AND lease_token = ? "
-            "AND lease_until >= ?", (leased.message_id, leased.token, now)).fetchone()  # fmt: skip
+            "AND lease_until >= ?",
+            (leased.message_id, leased.token, now),
+        ).fetchone()
         if row is None:
             return Settled("stale")
         mid = leased.message_id
@@ -221,7 +252,9 @@ def settle(
                     conn.execute(
                         "UPDATE queue_messages SET state = 'ready', available_at = ?, line = ?, "
                         "handoffs = handoffs + 1, lease_token = NULL, coalesced = 0 "
-                        "WHERE message_id = ?", (now, lines.front, mid))  # fmt: skip
+                        "WHERE message_id = ?",
+                        (now, lines.front, mid),
+                    )
             case Failed(error=error):
                 failures = leased.delivery_count - leased.handoffs
                 if failures >= constants.MAX_LOCAL_FAILED_DELIVERIES:
@@ -248,7 +281,9 @@ def recover(conn: sqlite3.Connection) -> LineCounters:
     with transaction(conn):
         conn.execute(
             "UPDATE queue_messages SET state = 'ready', available_at = MIN(available_at, ?), "
-            "lease_token = NULL, coalesced = 0 WHERE state = 'leased'", (now,))  # fmt: skip
+            "lease_token = NULL, coalesced = 0 WHERE state = 'leased'",
+            (now,),
+        )
         conn.execute(
             "DELETE FROM queue_keys WHERE sent_at < ?",
             (now - constants.QUEUE_MIN_STEP_KEY_DEDUPE_WINDOW_MS * 1000,),
@@ -260,7 +295,9 @@ def recover(conn: sqlite3.Connection) -> LineCounters:
 def _ready(conn: sqlite3.Connection, message_id: str, available_at: int) -> None:
     conn.execute(
         "UPDATE queue_messages SET state = 'ready', available_at = ?, lease_token = NULL, "
-        "coalesced = 0 WHERE message_id = ?", (available_at, message_id))  # fmt: skip
+        "coalesced = 0 WHERE message_id = ?",
+        (available_at, message_id),
+    )
 
 
 def _clamp_delay(seconds: float) -> float:
@@ -276,9 +313,8 @@ def _dead_letter(conn: sqlite3.Connection, leased: Leased, error: str, now: int)
     conn.execute(
         "INSERT OR REPLACE INTO queue_dead_letters (message_id, kind, run_id, payload, "
         "delivery_count, last_error, dead_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
-        (leased.message_id, leased.kind, row[0], leased.payload, leased.delivery_count, error,
-         now),
-    )  # fmt: skip
+        (leased.message_id, leased.kind, row[0], leased.payload, leased.delivery_count, error, now),
+    )
     conn.execute("DELETE FROM queue_messages WHERE message_id = ?", (leased.message_id,))
 
 
@@ -340,7 +376,9 @@ def _encode(send: messages.Send) -> str:
     if not math.isfinite(delay) or delay < 0:
         raise errors.WorldContractError(
             f"run {send.message.run_id}: a send's delay must be a finite number of seconds "
-            f">= 0, got {delay}", run_id=send.message.run_id)  # fmt: skip
+            f">= 0, got {delay}",
+            run_id=send.message.run_id,
+        )
     if send.key is not None and not send.key:
         raise errors.WorldContractError("an idempotency key must not be empty")
     payload = send.message.model_dump_json()

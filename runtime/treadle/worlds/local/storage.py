@@ -46,33 +46,73 @@ def _opt_json(value: str | None) -> JsonValue:
 
 
 def _run_record(row: tuple[object, ...]) -> records.RunRecord:
-    (run_id, workflow, status, deployment, spec, input_, created, updated, seq, seq_ib,
-     started, completed, output, error, attributes) = row  # fmt: skip
+    (
+        run_id,
+        workflow,
+        status,
+        deployment,
+        spec,
+        input_,
+        created,
+        updated,
+        seq,
+        seq_ib,
+        started,
+        completed,
+        output,
+        error,
+        attributes,
+    ) = row
     return records.RunRecord(
-        run_id=str(run_id), workflow_name=str(workflow),
-        status=cast(records.RunStatus, status), deployment_id=str(deployment),
-        spec_version=cast(int, spec), input=_opt_json(cast(str, input_)),
-        created_at=from_us(cast(int, created)), updated_at=from_us(cast(int, updated)),
-        seq=cast(int, seq), seq_in_band=cast(int, seq_ib),
+        run_id=str(run_id),
+        workflow_name=str(workflow),
+        status=cast(records.RunStatus, status),
+        deployment_id=str(deployment),
+        spec_version=cast(int, spec),
+        input=_opt_json(cast(str, input_)),
+        created_at=from_us(cast(int, created)),
+        updated_at=from_us(cast(int, updated)),
+        seq=cast(int, seq),
+        seq_in_band=cast(int, seq_ib),
         started_at=_opt_time(cast(int | None, started)),
         completed_at=_opt_time(cast(int | None, completed)),
-        output=_opt_json(cast(str | None, output)), error=_opt_error(cast(str | None, error)),
+        output=_opt_json(cast(str | None, output)),
+        error=_opt_error(cast(str | None, error)),
         attributes=cast(dict[str, JsonValue], json.loads(cast(str, attributes))),
-    )  # fmt: skip
+    )
 
 
 def _step_record(row: tuple[object, ...]) -> records.StepRecord:
-    (run_id, step_id, name, status, attempt, inline, created, updated, started, completed,
-     retry_after, result, error) = row  # fmt: skip
+    (
+        run_id,
+        step_id,
+        name,
+        status,
+        attempt,
+        inline,
+        created,
+        updated,
+        started,
+        completed,
+        retry_after,
+        result,
+        error,
+    ) = row
     return records.StepRecord(
-        run_id=str(run_id), step_id=str(step_id), step_name=str(name),
-        status=cast(records.StepStatus, status), attempt=cast(int, attempt),
-        inline=bool(inline), created_at=from_us(cast(int, created)),
-        updated_at=from_us(cast(int, updated)), started_at=_opt_time(cast(int | None, started)),
+        run_id=str(run_id),
+        step_id=str(step_id),
+        step_name=str(name),
+        status=cast(records.StepStatus, status),
+        attempt=cast(int, attempt),
+        inline=bool(inline),
+        created_at=from_us(cast(int, created)),
+        updated_at=from_us(cast(int, updated)),
+        started_at=_opt_time(cast(int | None, started)),
         completed_at=_opt_time(cast(int | None, completed)),
         retry_after=_opt_time(cast(int | None, retry_after)),
-        result=_opt_json(cast(str | None, result)), error=_opt_error(cast(str | None, error)),
-    )  # fmt: skip
+        result=_opt_json(cast(str | None, result)),
+        error=_opt_error(cast(str | None, error)),
+    )
 
 
 def _get_run(conn: sqlite3.Connection, run_id: str) -> records.RunRecord:
@@ -135,11 +175,15 @@ class LocalRuns:
         rid = run_id or ids.new_run_id()
         created, first = await self._db.call(
             functools.partial(
-                eventlog.create_run, run_id=rid, workflow_name=workflow_name, input=input,
-                deployment_id=deployment_id, spec_version=spec_version,
+                eventlog.create_run,
+                run_id=rid,
+                workflow_name=workflow_name,
+                input=input,
+                deployment_id=deployment_id,
+                spec_version=spec_version,
                 attributes=dict(attributes or {}),
             )
-        )  # fmt: skip
+        )
         if created:
             self._feed.publish(rid, [first])
         return await self.get(rid)
@@ -161,8 +205,10 @@ class LocalRuns:
         where: list[str] = []
         params: list[object] = []
         for column, value in (
-            ("status", status), ("workflow_name", workflow_name), ("deployment_id", deployment_id),
-        ):  # fmt: skip
+            ("status", status),
+            ("workflow_name", workflow_name),
+            ("deployment_id", deployment_id),
+        ):
             if value is not None:
                 where.append(f"{column} = ?")
                 params.append(value)
@@ -201,17 +247,24 @@ class LocalEvents:
     ) -> records.EventResult:
         appended = await self._db.call(
             functools.partial(
-                eventlog.append, run_id=run_id, event=event, in_band=in_band,
-                expected_seq_in_band=expected_seq_in_band, event_count=event_count,
-                occurred_at=occurred_at, idempotency_key=idempotency_key,
+                eventlog.append,
+                run_id=run_id,
+                event=event,
+                in_band=in_band,
+                expected_seq_in_band=expected_seq_in_band,
+                event_count=event_count,
+                occurred_at=occurred_at,
+                idempotency_key=idempotency_key,
             )
-        )  # fmt: skip
+        )
         if appended.allocated:
             self._feed.publish(run_id, appended.committed)
         return records.EventResult(
-            event=appended.committed[0], allocated=appended.allocated,
-            report=tuple(appended.report), has_more=appended.has_more,
-        )  # fmt: skip
+            event=appended.committed[0],
+            allocated=appended.allocated,
+            report=tuple(appended.report),
+            has_more=appended.has_more,
+        )
 
     async def create_batch(
         self,
@@ -225,11 +278,15 @@ class LocalEvents:
     ) -> records.BatchResult:
         appended = await self._db.call(
             functools.partial(
-                eventlog.append_batch, run_id=run_id, batch=list(batch), in_band=in_band,
-                expected_seq_in_band=expected_seq_in_band, event_count=event_count,
+                eventlog.append_batch,
+                run_id=run_id,
+                batch=list(batch),
+                in_band=in_band,
+                expected_seq_in_band=expected_seq_in_band,
+                event_count=event_count,
                 occurred_at=occurred_at,
             )
-        )  # fmt: skip
+        )
         if appended.committed:
             self._feed.publish(run_id, appended.committed)
         items = tuple(
@@ -239,9 +296,11 @@ class LocalEvents:
             for item in appended.items
         )
         return records.BatchResult(
-            items=items, allocated=appended.allocated, report=tuple(appended.report),
+            items=items,
+            allocated=appended.allocated,
+            report=tuple(appended.report),
             has_more=appended.has_more,
-        )  # fmt: skip
+        )
 
     async def list(
         self, run_id: str, *, after_slot: int = 0, limit: int = 1000
@@ -249,7 +308,9 @@ class LocalEvents:
         if limit < 1 or after_slot < 0:
             raise errors.WorldContractError(
                 f"events.list needs limit >= 1 and after_slot >= 0 "
-                f"(got limit {limit}, after_slot {after_slot})", run_id=run_id)  # fmt: skip
+                f"(got limit {limit}, after_slot {after_slot})",
+                run_id=run_id,
+            )
         return await self._db.call(
             functools.partial(_list_events, run_id=run_id, after_slot=after_slot, limit=limit)
         )
@@ -273,8 +334,9 @@ class LocalSteps:
             if conn.execute("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)).fetchone() is None:
                 raise errors.RunNotFound(run_id)
             return conn.execute(
-                f"SELECT {_STEP_COLUMNS} FROM steps WHERE run_id = ? "
-                "ORDER BY created_at, step_id", (run_id,)).fetchall()  # fmt: skip
+                f"SELECT {_STEP_COLUMNS} FROM steps WHERE run_id = ? ORDER BY created_at, step_id",
+                (run_id,),
+            ).fetchall()
 
         return [_step_record(r) for r in await self._db.call(query)]
 
@@ -282,7 +344,8 @@ class LocalSteps:
         def query(conn: sqlite3.Connection) -> tuple[object, ...] | None:
             row: tuple[object, ...] | None = conn.execute(
                 f"SELECT {_STEP_COLUMNS} FROM steps WHERE run_id = ? AND step_id = ?",
-                (run_id, step_id)).fetchone()  # fmt: skip
+                (run_id, step_id),
+            ).fetchone()
             return row
 
         row = await self._db.call(query)
@@ -298,14 +361,18 @@ class LocalHooks:
     async def get_by_token(self, token: str) -> records.HookRecord:
         def query(conn: sqlite3.Connection) -> tuple[object, ...] | None:
             row: tuple[object, ...] | None = conn.execute(
-                "SELECT token, run_id, hook_id, created_at, metadata FROM hooks "
-                "WHERE token = ?", (token,)).fetchone()  # fmt: skip
+                "SELECT token, run_id, hook_id, created_at, metadata FROM hooks WHERE token = ?",
+                (token,),
+            ).fetchone()
             return row
 
         row = await self._db.call(query)
         if row is None:
             raise errors.HookNotFound(token)
         return records.HookRecord(
-            token=str(row[0]), run_id=str(row[1]), hook_id=str(row[2]),
-            created_at=from_us(cast(int, row[3])), metadata=_opt_json(cast(str | None, row[4])),
-        )  # fmt: skip
+            token=str(row[0]),
+            run_id=str(row[1]),
+            hook_id=str(row[2]),
+            created_at=from_us(cast(int, row[3])),
+            metadata=_opt_json(cast(str | None, row[4])),
+        )

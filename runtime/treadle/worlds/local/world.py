@@ -40,11 +40,12 @@ class LocalWorld:
             raise
         self._db = db
         self.feed = Feed(self._list_page)
-        self.runs = storage.LocalRuns(db, self.feed)
-        self.events = storage.LocalEvents(db, self.feed)
-        self.steps = storage.LocalSteps(db)
-        self.hooks = storage.LocalHooks(db)
-        self.queue = queue.LocalQueue(db, lines, self.tuning)
+        self.runs: contract.Runs = storage.LocalRuns(db, self.feed)
+        self.events: contract.Events = storage.LocalEvents(db, self.feed)
+        self.steps: contract.Steps = storage.LocalSteps(db)
+        self.hooks: contract.Hooks = storage.LocalHooks(db)
+        self.local_queue = queue.LocalQueue(db, lines, self.tuning)
+        self.queue: contract.Queue = self.local_queue
         return self
 
     async def _list_page(self, run_id: str, after_slot: int) -> records.EventPage:
@@ -53,7 +54,7 @@ class LocalWorld:
     async def close(self) -> None:
         if self._db is None:
             return
-        for consumer in list(self.queue.consumers):
+        for consumer in list(self.local_queue.consumers):
             await consumer.close(grace_seconds=0)
         self.feed.close()
         db, self._db = self._db, None
@@ -63,9 +64,11 @@ class LocalWorld:
         return await self.open()
 
     async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
         tb: TracebackType | None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         await self.close()
 
     def __repr__(self) -> str:

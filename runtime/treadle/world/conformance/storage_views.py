@@ -1,0 +1,230 @@
+"""Storage conformance, second half: hook tokens, read views, the live feed, restarts.
+
+Pins the rest of the storage contract (``treadle.world.contract``, DESIGN.md 3.1):
+hook token ownership and ``hook_conflict`` (seed 003 "Hook conflicts", "Terminal
+hook disposal"), the read views folded from the log (``runs``, ``steps``,
+``hooks``), ``events.subscribe`` and what survives a close and reopen. Helpers
+are shared with ``storage``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from treadle import errors
+from treadle.world import events
+from treadle.world.conformance import storage
+from treadle.world.conformance.harness import WorldHarness
+
+
+class StorageViewsConformance:
+    """Hooks, read views, the live feed and restarts; subclass it as ``Test...``."""
+
+    async def test_live_hook_holds_its_token(self, harness: WorldHarness) -> None:
+        """hooks.get_by_token finds the live hook holding a token; HookNotFound otherwise."""
+        async with storage.opened(harness) as world:
+            run_id = await storage.started_run(world)
+            token = storage.unique("token")
+            await storage.in_band(world, run_id, storage.hook_created("hook_1", token))
+            hook = await world.hooks.get_by_token(token)
+            assert (hook.token, hook.run_id, hook.hook_id) == (token, run_id, "hook_1")
+            with pytest.raises(errors.HookNotFound):
+                await world.hooks.get_by_token(storage.unique("token"))
+
+    async def test_hook_created_for_a_held_token_stores_hook_conflict(
+        self, harness: WorldHarness
+    ) -> None:
+        """A hook_created for a held token stores hook_conflict in the creator's log instead."""
+        async with storage.opened(harness) as world:
+            holder, creator = await storage.started_run(world), await storage.started_run(world)
+            token = storage.unique("token")
+            await storage.in_band(world, holder, storage.hook_created("hook_1", token))
+            result = await storage.in_band(world, creator, storage.hook_created("hook_b", token))
+            assert result.allocated == 1
+            conflict = result.event.event
+            assert isinstance(conflict, events.HookConflict)
+            assert (conflict.token, conflict.holder_run_id) == (token, holder)
+            assert conflict.correlation_id == "hook_b"
+            logged = await storage.full_log(world, creator)
+            assert logged[result.event.slot - 1].event == conflict
+            assert (await world.hooks.get_by_token(token)).run_id == holder
+
+    async def test_disposed_hook_frees_its_token(self, harness: WorldHarness) -> None:
+        """After hook_disposed the token is free and another run's hook can take it."""
+        async with storage.opened(harness) as world:
+            first, second = await storage.started_run(world), await storage.started_run(world)
+            token = storage.unique("token")
+            await storage.in_band(world, first, storage.hook_created("hook_1", token))
+            await storage.in_band(world, first, events.HookDisposed(correlation_id="hook_1"))
+            with pytest.raises(errors.HookNotFound):
+                await world.hooks.get_by_token(token)
+            result = await storage.in_band(world, second, storage.hook_created("hook_2", token))
+            assert result.event.type == "hook_created"
+            hook = await world.hooks.get_by_token(token)
+            assert (hook.run_id, hook.hook_id) == (second, "hook_2")
+
+    @pytest.mark.parametrize("ending", storage.ENDINGS)
+    async def test_run_end_frees_its_live_hooks(self, harness: WorldHarness, ending: str) -> None:
+        """A run's terminal event frees its live hooks (seed 003 "Terminal hook disposal")."""
+        async with storage.opened(harness) as world:
+            run_id, other = await storage.started_run(world), await storage.started_run(world)
+            token = storage.unique("token")
+            await storage.in_band(world, run_id, storage.hook_created("hook_1", token))
+            await storage.end_run(world, run_id, ending)
+            with pytest.raises(errors.HookNotFound):
+                await world.hooks.get_by_token(token)
+            result = await storage.in_band(world, other, storage.hook_created("hook_2", token))
+            assert result.event.type == "hook_created"
+
+    async def test_hook_received_is_accepted_while_the_hook_lives(
+        self, harness: WorldHarness
+    ) -> None:
+        """A resume's out-of-band hook_received for a live hook is appended to its run's log."""
+        async with storage.opened(harness) as world:
+            run_id = await storage.started_run(world)
+            token = storage.unique("token")
+            await storage.in_band(world, run_id, storage.hook_created("hook_1", token))
+            hook = await world.hooks.get_by_token(token)
+            received = events.HookReceived(correlation_id=hook.hook_id, payload={"x": 1})
+            result = await storage.out_of_band(world, hook.run_id, received)
+            assert (result.allocated, result.event.in_band) == (1, False)
+            assert (await storage.full_log(world, run_id))[-1].event == received
+
+    async def test_steps_list_folds_step_events(self, harness: WorldHarness) -> None:
+        """steps.list and steps.get fold status, attempt, name and inline from step events."""
+        async with storage.opened(harness) as world:
+            run_id = await storage.started_run(world)
+            await storage.in_band(world, run_id, storage.inline_start("s1"))
+            await storage.in_band(world, run_id, storage.step_completed("s1"))
+            await storage.in_band(world, run_id, storage.step_created("s2"))
+            for event in (
+                events.StepStarted(correlation_id="s2", step_name="fetch", attempt=1),
+                events.StepRetrying(
+                    correlation_id="s2", step_name="fetch", attempt=1, error=storage.BOOM
+                ),
+                events.StepStarted(correlation_id="s2", step_name="fetch", attempt=2),
+                storage.step_failed("s2", attempt=2),
+            ):
+                await storage.out_of_band(world, run_id, event)
+            await storage.in_band(world, run_id, storage.step_created("s3"))
+            steps = {s.step_id: s for s in await world.steps.list(run_id)}
+            assert set(steps) == {"s1", "s2", "s3"}
+            s1, s2, s3 = steps["s1"], steps["s2"], steps["s3"]
+            assert (s1.status, s1.attempt, s1.step_name, s1.inline) == ("completed", 1, "add", True)
+            assert s1.result == 3
+            assert s1.completed_at is not None
+            assert (s2.status, s2.attempt, s2.step_name, s2.inline) == ("failed", 2, "fetch", False)
+            assert s2.error == storage.BOOM
+            assert (s3.status, s3.inline) == ("created", False)
+            assert await world.steps.get(run_id, "s1") == s1
+
+    async def test_runs_list_filters_by_status_workflow_and_deployment(
+        self, harness: WorldHarness
+    ) -> None:
+        """runs.list keeps only the runs matching status, workflow_name and deployment_id."""
+        async with storage.opened(harness) as world:
+            name, other_name = storage.unique("wf"), storage.unique("wf")
+            done = await storage.started_run(world, workflow_name=name)
+            await storage.end_run(world, done, "completed")
+            running = await storage.started_run(world, workflow_name=name)
+            deployment = storage.unique("dpl")
+            elsewhere = await storage.new_run(
+                world, workflow_name=other_name, deployment_id=deployment
+            )
+            by_name = await world.runs.list(workflow_name=name)
+            assert {r.run_id for r in by_name.runs} == {done, running}
+            finished = await world.runs.list(status="completed", workflow_name=name)
+            assert [r.run_id for r in finished.runs] == [done]
+            record = finished.runs[0]
+            assert (record.output, record.is_terminal) == ("done", True)
+            assert record.completed_at is not None
+            completed = await world.runs.list(status="completed")
+            assert done in {r.run_id for r in completed.runs}
+            assert all(r.status == "completed" for r in completed.runs)
+            in_deployment = await world.runs.list(deployment_id=deployment)
+            assert [r.run_id for r in in_deployment.runs] == [elsewhere.run_id]
+
+    async def test_runs_list_pages_without_duplicates(self, harness: WorldHarness) -> None:
+        """runs.list(limit=2) pages through next_cursor, each run exactly once."""
+        async with storage.opened(harness) as world:
+            name = storage.unique("wf")
+            created = {(await storage.new_run(world, workflow_name=name)).run_id for _ in range(5)}
+            seen: list[str] = []
+            cursor: str | None = None
+            for _ in range(10):
+                page = await world.runs.list(workflow_name=name, limit=2, cursor=cursor)
+                assert len(page.runs) <= 2
+                seen.extend(r.run_id for r in page.runs)
+                cursor = page.next_cursor
+                if cursor is None:
+                    break
+            assert sorted(seen) == sorted(created)
+
+    async def test_subscribe_pushes_committed_events_in_slot_order_until_closed(
+        self, harness: WorldHarness
+    ) -> None:
+        """events.subscribe pushes every committed event after after_slot, in slot order."""
+        async with storage.opened(harness) as world:
+            if not world.capabilities.live_feed:
+                pytest.skip("the World declares no live feed")
+            run_id = await storage.started_run(world)
+            loop = asyncio.get_running_loop()
+            pushed: asyncio.Queue[events.LoggedEvent] = asyncio.Queue()
+            failures: list[BaseException] = []
+
+            def on_event(event: events.LoggedEvent) -> None:
+                loop.call_soon_threadsafe(pushed.put_nowait, event)
+
+            subscription = world.events.subscribe(run_id, 1, on_event, failures.append)
+            try:
+                await asyncio.gather(
+                    storage.in_band(world, run_id, storage.attr("in")),
+                    *(
+                        storage.out_of_band(world, run_id, storage.attr(f"out{i}"))
+                        for i in range(4)
+                    ),
+                )
+                await storage.in_band(world, run_id, storage.attr("last"))
+                seq = (await world.runs.get(run_id)).seq
+                received = [
+                    await asyncio.wait_for(pushed.get(), storage.WAIT_SECONDS)
+                    for _ in range(2, seq + 1)
+                ]
+                logged = await storage.full_log(world, run_id)
+                assert [storage.stored(e) for e in received] == [
+                    storage.stored(e) for e in logged[1:]
+                ]
+            finally:
+                subscription.close()
+            await storage.out_of_band(world, run_id, storage.attr("after close"))
+            await asyncio.sleep(storage.QUIET_SECONDS)
+            assert pushed.empty()
+            assert failures == []
+
+    async def test_writes_survive_a_restart(self, harness: WorldHarness) -> None:
+        """Events, counters and hooks survive close and reopen; the fence holds across it."""
+        token = storage.unique("token")
+        async with storage.opened(harness) as world:
+            run_id = await storage.started_run(world)
+            await storage.in_band(world, run_id, storage.hook_created("hook_1", token))
+            await storage.out_of_band(world, run_id, storage.attr("a"))
+            before = await storage.log_and_snapshot(world, run_id)
+            run = await world.runs.get(run_id)
+        async with storage.opened(harness) as world:
+            assert await storage.log_and_snapshot(world, run_id) == before
+            assert await world.runs.get(run_id) == run
+            assert (await world.hooks.get_by_token(token)).run_id == run_id
+            with pytest.raises(errors.InBandSuperseded):
+                await world.events.create(
+                    run_id,
+                    storage.attr("stale"),
+                    in_band=True,
+                    expected_seq_in_band=2,
+                    event_count=2,
+                )
+            result = await world.events.create(
+                run_id, storage.attr("b"), in_band=True, expected_seq_in_band=3, event_count=4
+            )
+            assert result.event.slot == 5

@@ -1,0 +1,43 @@
+"""The World conformance suite run against the local World (SQLite log and queue)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from treadle.world import contract
+from treadle.world.conformance import queue, queue_gating, storage, storage_views
+from treadle.world.conformance.harness import WorldHarness
+from treadle.worlds.local import LocalWorld
+
+
+class LocalHarness(WorldHarness):
+    """Opens a LocalWorld on one directory, so a reopen sees what the last one stored."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    async def open(self, tuning: contract.QueueTuning | None = None) -> contract.World:
+        return await LocalWorld(self.path, tuning=tuning).open()
+
+
+@pytest.fixture
+def harness(tmp_path: Path) -> LocalHarness:
+    return LocalHarness(tmp_path / "world")
+
+
+class TestLocalStorage(storage.StorageConformance):
+    pass
+
+
+class TestLocalStorageViews(storage_views.StorageViewsConformance):
+    pass
+
+
+class TestLocalQueue(queue.QueueConformance):
+    pass
+
+
+class TestLocalQueueGating(queue_gating.QueueGatingConformance):
+    pass

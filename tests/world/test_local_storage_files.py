@@ -1,0 +1,73 @@
+"""The local World's files: what opening a wrong, corrupt, newer or held one says."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from treadle import errors
+from treadle.worlds.local import LocalWorld
+from treadle.worlds.local.database import DATABASE_FILE, SCHEMA_VERSION
+
+
+async def test_a_foreign_sqlite_database_is_refused_untouched(tmp_path: Path) -> None:
+    """A SQLite file that is not treadle's is named as foreign and left as it was."""
+    tmp_path.joinpath("w").mkdir()
+    foreign = tmp_path / "w" / DATABASE_FILE
+    conn = sqlite3.connect(foreign)
+    conn.execute("CREATE TABLE invoices (id INTEGER)")
+    conn.commit()
+    conn.close()
+    before = foreign.read_bytes()
+    with pytest.raises(errors.IncompatibleStorage, match="does not belong to treadle"):
+        await LocalWorld(tmp_path / "w").open()
+    assert foreign.read_bytes() == before
+
+
+async def test_a_file_that_is_not_a_database_is_refused(tmp_path: Path) -> None:
+    """Garbage where the database should be gives a clear error, not a traceback."""
+    tmp_path.joinpath("w").mkdir()
+    (tmp_path / "w" / DATABASE_FILE).write_bytes(b"this is not sqlite" * 100)
+    with pytest.raises(errors.IncompatibleStorage, match="not a usable treadle local World"):
+        await LocalWorld(tmp_path / "w").open()
+
+
+async def test_a_path_that_is_a_file_is_refused(tmp_path: Path) -> None:
+    """The World path names a directory; a file there is an error naming it."""
+    (tmp_path / "w").write_text("x")
+    with pytest.raises(errors.IncompatibleStorage, match="is a file, not a directory"):
+        await LocalWorld(tmp_path / "w").open()
+
+
+async def test_a_newer_schema_is_refused(tmp_path: Path) -> None:
+    """A database written by a newer treadle is not opened by an older one."""
+    world = await LocalWorld(tmp_path / "w").open()
+    await world.close()
+    conn = sqlite3.connect(tmp_path / "w" / DATABASE_FILE)
+    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    conn.close()
+    with pytest.raises(errors.IncompatibleStorage, match="newer than this treadle"):
+        await LocalWorld(tmp_path / "w").open()
+
+
+async def test_a_second_holder_is_refused_while_the_first_is_open(tmp_path: Path) -> None:
+    """One process at a time: a second open gets StorageLocked naming the holder's pid."""
+    first = await LocalWorld(tmp_path / "w").open()
+    try:
+        with pytest.raises(errors.StorageLocked, match="in use by another process"):
+            await LocalWorld(tmp_path / "w").open()
+    finally:
+        await first.close()
+    second = await LocalWorld(tmp_path / "w").open()
+    await second.close()
+
+
+async def test_a_closed_world_refuses_calls(tmp_path: Path) -> None:
+    """After close, calls fail with StorageUnavailable instead of hanging."""
+    world = await LocalWorld(tmp_path / "w").open()
+    runs = world.runs
+    await world.close()
+    with pytest.raises(errors.StorageUnavailable, match="closed"):
+        await runs.list()
