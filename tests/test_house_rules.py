@@ -40,8 +40,11 @@ def test_import_contracts_are_kept() -> None:
     """treadle.sdk and treadle.replay never import a World implementation, asyncpg or nats."""
     result = subprocess.run(
         [str(Path(sys.executable).parent / "lint-imports"), "--no-cache"],
-        cwd=ROOT, capture_output=True, text=True, check=False,
-    )  # fmt: skip
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "BROKEN" not in result.stdout
 

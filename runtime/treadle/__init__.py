@@ -1,10 +1,67 @@
 """treadle: a durable workflow engine for Python.
 
-The public API (``Workflows``, ``sleep``, ``Hook``, ...) is re-exported here as
-it lands; today the package holds the World contract (``treadle.world``) and
-the embedded local World (``treadle.worlds.local``).
+Write workflows as ``async def`` functions; treadle records every decision in
+an append-only event log and replays the code against it, so a run survives
+crashes, redeploys and week-long sleeps::
+
+    from treadle import Workflows, sleep
+
+    app = Workflows()
+
+    @app.step
+    async def greet(name: str) -> str:
+        return f"hello, {name}"
+
+    @app.workflow
+    async def hello(name: str) -> str:
+        greeting = await greet(name)
+        await sleep("1s")
+        return greeting
 """
+
+from treadle.client import Run, Workflows
+from treadle.errors import (
+    CorruptedEventLog,
+    FatalError,
+    HookConflictError,
+    NonDeterministicCall,
+    RetryableError,
+    RunCancelledError,
+    RunFailedError,
+    SerializationError,
+    StepFailed,
+    TreadleError,
+)
+from treadle.sdk.context import StepMetadata, WorkflowMetadata, step_metadata, workflow_metadata
+from treadle.sdk.determinism import random, uuid4
+from treadle.sdk.hooks import Hook, HookHandle, create_hook
+from treadle.sdk.timing import now, sleep
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__"]
+__all__ = [
+    "CorruptedEventLog",
+    "FatalError",
+    "Hook",
+    "HookConflictError",
+    "HookHandle",
+    "NonDeterministicCall",
+    "RetryableError",
+    "Run",
+    "RunCancelledError",
+    "RunFailedError",
+    "SerializationError",
+    "StepFailed",
+    "StepMetadata",
+    "TreadleError",
+    "WorkflowMetadata",
+    "Workflows",
+    "__version__",
+    "create_hook",
+    "now",
+    "random",
+    "sleep",
+    "step_metadata",
+    "uuid4",
+    "workflow_metadata",
+]

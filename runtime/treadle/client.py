@@ -1,0 +1,331 @@
+"""``Workflows``: the registry users decorate, and the client that starts and drives runs.
+
+It opens its World lazily (``TREADLE_WORLD``, default ``local:.treadle``, or
+``Workflows(world=...)``). On the local World it also runs an in-process
+worker, so ``await app.start(...)`` followed by ``await run.result()`` just
+works in one process; ``worker=False`` turns that off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from types import TracebackType
+from typing import Any, ParamSpec, TypeVar, overload
+
+from pydantic import BaseModel, JsonValue
+
+from treadle import errors, serde, settings
+from treadle.orchestrator.runtime import Runtime
+from treadle.orchestrator.worker import Role, Worker
+from treadle.sdk import functions
+from treadle.world import contract, events, ids, messages, records
+from treadle.worlds import open_world
+
+log = logging.getLogger("treadle.client")
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class Run:
+    """A handle on one run."""
+
+    def __init__(self, app: Workflows, run_id: str) -> None:
+        self.app = app
+        self.run_id = run_id
+
+    def __repr__(self) -> str:
+        return f"<Run {self.run_id}>"
+
+    async def get(self) -> records.RunRecord:
+        world = await self.app.world()
+        return await world.runs.get(self.run_id)
+
+    async def status(self) -> str:
+        return (await self.get()).status
+
+    async def events(self) -> list[events.LoggedEvent]:
+        world = await self.app.world()
+        out: list[events.LoggedEvent] = []
+        after = 0
+        while True:
+            page = await world.events.list(self.run_id, after_slot=after)
+            out.extend(page.events)
+            if not page.has_more:
+                return out
+            after = page.cursor
+
+    async def result(self, timeout: float | None = None) -> Any:
+        """The run's output; raises ``RunFailedError``, ``RunCancelledError`` or TimeoutError."""
+        world = await self.app.world()
+        news = asyncio.Event()
+
+        def on_event(event: events.LoggedEvent) -> None:
+            if event.type in events.RUN_TERMINAL_TYPES:
+                news.set()
+
+        sub = world.events.subscribe(self.run_id, 0, on_event, lambda exc: news.set())
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            while True:
+                run = await world.runs.get(self.run_id)
+                if run.is_terminal:
+                    return _outcome(run)
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise TimeoutError(f"run {self.run_id} is still {run.status} after {timeout} s")
+                news.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(news.wait(), min(remaining or 1.0, 1.0))
+        finally:
+            sub.close()
+
+    async def cancel(self, reason: str | None = None) -> None:
+        """Cancel the run (out-of-band ``run_cancelled``); pending timers find it ended."""
+        world = await self.app.world()
+        await world.events.create(self.run_id, events.RunCancelled(reason=reason), in_band=False)
+
+    async def wake_up(self, waits: list[str] | None = None) -> int:
+        """Ask the orchestrator to end the run's sleeps now; returns how many were asked.
+
+        The request is recorded in the log before the wake is sent, so it is not lost
+        when the wake is coalesced into a running delivery.
+        """
+        world = await self.app.world()
+        page_events = await self.events()
+        open_waits = {e.correlation_id for e in page_events if e.type == "wait_created"} - {
+            e.correlation_id for e in page_events if e.type == "wait_completed"
+        }
+        asked = open_waits if waits is None else open_waits & set(waits)
+        run = await world.runs.get(self.run_id)
+        await world.events.create(self.run_id, events.WakeRequested(waits=waits), in_band=False)
+        await world.queue.send(_wake(run))
+        return len(asked)
+
+
+def _wake(run: records.RunRecord) -> messages.OrchestratorMessage:
+    return messages.OrchestratorMessage(
+        run_id=run.run_id, deployment_id=run.deployment_id, run_spec_version=run.spec_version
+    )
+
+
+def _outcome(run: records.RunRecord) -> Any:
+    if run.status == "completed":
+        return serde.decode(run.output)
+    if run.status == "cancelled":
+        raise errors.RunCancelledError(run.run_id)
+    error = run.error or events.ErrorInfo(message="unknown error")
+    raise errors.RunFailedError(run.run_id, error.message, error_type=error.type)
+
+
+class Workflows:
+    """A registry of workflows and steps, and the client of one World."""
+
+    def __init__(
+        self,
+        *,
+        world: contract.World | str | None = None,
+        worker: bool | None = None,
+        settings_: settings.Settings | None = None,
+    ) -> None:
+        self._workflows: dict[str, functions.WorkflowFunction[Any, Any]] = {}
+        self._steps: dict[str, functions.StepFunction[Any, Any]] = {}
+        self._world_arg = world
+        self._world: contract.World | None = None
+        self._want_worker = worker
+        self._settings = settings_
+        self._worker: Worker | None = None
+        self._open_lock = asyncio.Lock()
+
+    # -- registry ---------------------------------------------------------------------
+
+    @overload
+    def workflow(self, fn: Callable[P, Awaitable[R]], /) -> functions.WorkflowFunction[P, R]: ...
+    @overload
+    def workflow(
+        self, /, *, name: str | None = None
+    ) -> Callable[[Callable[P, Awaitable[R]]], functions.WorkflowFunction[P, R]]: ...
+
+    def workflow(self, fn: Any = None, /, *, name: str | None = None) -> Any:
+        """Register an ``async def`` as a workflow (``@app.workflow`` or ``(name=...)``)."""
+
+        def register(f: Callable[..., Awaitable[Any]]) -> functions.WorkflowFunction[..., Any]:
+            wf: functions.WorkflowFunction[..., Any] = functions.WorkflowFunction(
+                f, name=name or f.__name__
+            )
+            if wf.name in self._workflows:
+                raise ValueError(f"a workflow named {wf.name!r} is registered already")
+            self._workflows[wf.name] = wf
+            return wf
+
+        return register(fn) if fn is not None else register
+
+    @overload
+    def step(self, fn: Callable[P, Awaitable[R]], /) -> functions.StepFunction[P, R]: ...
+    @overload
+    def step(self, fn: Callable[P, R], /) -> functions.StepFunction[P, R]: ...
+    @overload
+    def step(
+        self, /, *, name: str | None = None, max_retries: int = functions.DEFAULT_MAX_RETRIES
+    ) -> Callable[[Callable[P, Any]], functions.StepFunction[P, Any]]: ...
+
+    def step(
+        self,
+        fn: Any = None,
+        /,
+        *,
+        name: str | None = None,
+        max_retries: int = functions.DEFAULT_MAX_RETRIES,
+    ) -> Any:
+        """Register a step (``async def`` or plain ``def``, which runs in a thread)."""
+
+        def register(f: Callable[..., Any]) -> functions.StepFunction[..., Any]:
+            st: functions.StepFunction[..., Any] = functions.StepFunction(
+                f, name=name or f.__name__, max_retries=max_retries
+            )
+            if st.name in self._steps:
+                raise ValueError(f"a step named {st.name!r} is registered already")
+            self._steps[st.name] = st
+            return st
+
+        return register(fn) if fn is not None else register
+
+    @property
+    def workflows(self) -> dict[str, functions.WorkflowFunction[Any, Any]]:
+        return dict(self._workflows)
+
+    def get_workflow(self, name: str) -> functions.WorkflowFunction[Any, Any]:
+        wf = self._workflows.get(name)
+        if wf is None:
+            known = ", ".join(sorted(self._workflows)) or "none"
+            raise errors.WorkflowNotFound(f"no workflow named {name!r} (registered: {known})")
+        return wf
+
+    # -- the World ----------------------------------------------------------------------
+
+    @property
+    def settings(self) -> settings.Settings:
+        if self._settings is None:
+            self._settings = settings.load()
+        return self._settings
+
+    async def world(self) -> contract.World:
+        async with self._open_lock:
+            if self._world is None:
+                if isinstance(self._world_arg, str | None):
+                    self._world = await open_world(self._world_arg or self.settings.TREADLE_WORLD)
+                else:
+                    self._world = self._world_arg
+                wants = self._want_worker
+                if wants is None:
+                    wants = self._world.__class__.__name__ == "LocalWorld"
+                if wants:
+                    await self._start_worker(self._world)
+            return self._world
+
+    def runtime(self, world: contract.World) -> Runtime:
+        return Runtime(
+            world=world,
+            workflows=self._workflows,
+            steps=self._steps,
+            settings=self.settings,
+            deployment_id=self.settings.TREADLE_DEPLOYMENT_ID,
+        )
+
+    async def _start_worker(self, world: contract.World, role: Role = "all") -> Worker:
+        worker = Worker(self.runtime(world), role=role)
+        await worker.start()
+        self._worker = worker
+        return worker
+
+    async def serve(self, role: Role = "all", concurrency: int = 32) -> Worker:
+        """Start a worker on this app's World (for ``treadle worker``)."""
+        self._want_worker = False
+        world = await self.world()
+        worker = Worker(self.runtime(world), role=role, concurrency=concurrency)
+        await worker.start()
+        self._worker = worker
+        return worker
+
+    async def close(self, *, grace_seconds: float = 30.0) -> None:
+        if self._worker is not None:
+            await self._worker.stop(grace_seconds=grace_seconds)
+            self._worker = None
+        if self._world is not None and isinstance(self._world_arg, str | None):
+            await self._world.close()
+        self._world = None
+
+    async def __aenter__(self) -> Workflows:
+        await self.world()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    # -- runs -----------------------------------------------------------------------------
+
+    async def start(
+        self, workflow: functions.WorkflowFunction[P, Any] | str, /, *args: Any, **kwargs: Any
+    ) -> Run:
+        """Start a run of ``workflow`` with these arguments; returns at once."""
+        name = workflow if isinstance(workflow, str) else workflow.name
+        self.get_workflow(name)
+        data = functions.encode_arguments(args, kwargs, f"workflow {name}")
+        return await self.start_encoded(name, data)
+
+    async def start_encoded(self, name: str, data: JsonValue) -> Run:
+        world = await self.world()
+        spec = self.settings.spec_version
+        deployment = self.settings.TREADLE_DEPLOYMENT_ID
+        run_id = ids.new_run_id()
+        run = await world.runs.create(
+            workflow_name=name,
+            input=data,
+            deployment_id=deployment,
+            spec_version=spec,
+            run_id=run_id,
+        )
+        start = messages.OrchestratorMessage(
+            run_id=run_id,
+            deployment_id=deployment,
+            run_input=messages.RunInput(
+                workflow_name=name,
+                input=data,
+                spec_version=spec,
+                deployment_id=deployment,
+                created_at=run.created_at,
+            ),
+        )
+        await world.queue.send(start)
+        return Run(self, run_id)
+
+    def get_run(self, run_id: str) -> Run:
+        if not ids.is_run_id(run_id):
+            raise ValueError(f"{run_id!r} is not a run id (expected wrun_ and 26 characters)")
+        return Run(self, run_id)
+
+    async def resume_hook(self, token: str, payload: Any = None) -> Run:
+        """Deliver ``payload`` to the live hook holding ``token``; raises ``HookNotFound``."""
+        world = await self.world()
+        hook = await world.hooks.get_by_token(token)
+        data = serde.encode(
+            payload.model_dump(mode="json") if isinstance(payload, BaseModel) else payload,
+            "hook payload",
+        )
+        await world.events.create(
+            hook.run_id,
+            events.HookReceived(correlation_id=hook.hook_id, payload=data),
+            in_band=False,
+        )
+        run = await world.runs.get(hook.run_id)
+        await world.queue.send(_wake(run))
+        return Run(self, hook.run_id)

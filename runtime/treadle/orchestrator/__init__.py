@@ -1,0 +1,1 @@
+"""Deliveries: the orchestrator (spec 9), background steps, timers, the worker."""

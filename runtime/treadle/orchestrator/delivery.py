@@ -1,0 +1,558 @@
+"""One orchestrator delivery of a spec 9 run (seed 003 "One delivery's main loop").
+
+``OrchestratorDelivery.run`` loads the log (or, on the start message's first
+delivery, skips the load: turbo), replays the workflow, and at each
+suspension writes its decisions through the in-band writer, sends what those
+writes owe (step messages after their batch commits; a wait's timer before
+its ``wait_created`` commits), runs inline steps, and consumes each outcome
+only after its write committed. It answers ``Ack`` when the run ended or
+waits on nothing this delivery can drive; ``Redeliver(1)`` after a fence
+refusal (never ``Ack``); ``Handoff`` at the end of its inline window.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from treadle import errors, serde
+from treadle.orchestrator import decisions, steps, timers
+from treadle.orchestrator.runtime import Runtime
+from treadle.orchestrator.session import RunSession
+from treadle.orchestrator.writer import Superseded
+from treadle.replay import engine, operations
+from treadle.world import constants, events, messages
+
+log = logging.getLogger("treadle.orchestrator.delivery")
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _ms(moment: datetime) -> int:
+    return int(moment.timestamp() * 1000)
+
+
+class OrchestratorDelivery:
+    def __init__(
+        self, rt: Runtime, message: messages.OrchestratorMessage, meta: messages.DeliveryMeta
+    ) -> None:
+        self.rt = rt
+        self.settings = rt.settings
+        self.message = message
+        self.meta = meta
+        self.run_id = message.run_id
+        self.deadline_ms = meta.invocation_started_at + self.settings.WORKFLOW_V2_TIMEOUT_MS
+        self.margin_ms = self.settings.WORKFLOW_INLINE_STEP_DEADLINE_MARGIN_MS
+        self.session = RunSession(rt, self.run_id)
+        self._inline: dict[asyncio.Task[None], str] = {}
+        self._timed: set[str] = set()
+        self._divergences = 0
+
+    @property
+    def replay(self) -> engine.Replay:
+        assert self.session.replay is not None
+        return self.session.replay
+
+    # -- entry -------------------------------------------------------------------
+
+    async def run(self) -> messages.HandlerResult:
+        try:
+            return await self._run()
+        except errors.RunExpired:
+            await self._settle_inline(quiet=True)
+            return messages.ACK  # the run ended under us (a cancel, say)
+        except Superseded:
+            await self._settle_inline(quiet=True)
+            await self.session.send_owed()
+            log.warning(
+                "run %s: delivery of %s refused by the fence; redelivering in 1 s",
+                self.run_id,
+                self.meta.message_id,
+            )
+            return messages.Redeliver(constants.FENCE_REFUSAL_REDELIVERY_SECONDS)
+        finally:
+            for task in self._inline:
+                task.cancel()
+            self.session.close()
+
+    async def _run(self) -> messages.HandlerResult:
+        if not await self._load():
+            return messages.ACK
+        state = self.session.state
+        if state.terminal is not None:
+            return messages.ACK
+        cap = self.settings.WORKFLOW_MAX_QUEUE_DELIVERIES
+        if self.meta.attempt > cap:
+            await self.session.fail_out_of_band(
+                events.ErrorInfo(
+                    message=f"the run's orchestrator message was delivered {self.meta.attempt} "
+                    f"times (WORKFLOW_MAX_QUEUE_DELIVERIES={cap})",
+                    type="FatalError",
+                    code="MAX_DELIVERIES_EXCEEDED",
+                )
+            )
+            return messages.ACK
+        workflow = self.rt.workflows.get(state.workflow_name)
+        if workflow is None:
+            await self.session.write_terminal(
+                events.RunFailed(
+                    error=events.ErrorInfo(
+                        message=f"no workflow named {state.workflow_name!r} is registered in "
+                        f"deployment {self.rt.deployment_id}",
+                        type="WorkflowNotFound",
+                    )
+                )
+            )
+            return messages.ACK
+        self.session.start_replay(workflow)
+        if not state.started:
+            await self.session.write(events.RunStarted())
+        self.session.subscribe()
+        if self.meta.delivery_count > 1 or self.message.recovery:
+            await self._resend_steps()
+        await self._arm_owned_chains()
+        return await self._passes()
+
+    async def _load(self) -> bool:
+        """Load the log (or synthesize it under turbo); False when the run does not exist."""
+        start = self.message.run_input
+        if (
+            start is not None
+            and self.settings.WORKFLOW_TURBO
+            and self.meta.attempt == 1
+            and self.meta.delivery_count == 1
+        ):
+            self.session.synthesize(start)
+            return True
+        try:
+            await self.session.load()
+        except errors.RunNotFound:
+            log.warning("run %s: message %s names no run", self.run_id, self.meta.message_id)
+            return False
+        return True
+
+    # -- the passes ------------------------------------------------------------------
+
+    async def _passes(self) -> messages.HandlerResult:
+        while True:
+            if _now_ms() >= self.deadline_ms:
+                await self._settle_inline()
+                await self._arm_owned_chains()
+                log.info("run %s: inline window over; handing off", self.run_id)
+                return messages.HANDOFF
+            await self._complete_due_waits()
+            outcome = self.replay.advance()
+            match outcome:
+                case engine.Ended():
+                    return await self._finish()
+                case engine.Completed(value=value):
+                    await self._settle_inline()
+                    name = self.session.state.workflow_name
+                    try:
+                        output = serde.encode(value, f"workflow {name} output")
+                    except errors.SerializationError as exc:
+                        await self.session.write_terminal(
+                            events.RunFailed(error=steps.error_info(exc))
+                        )
+                    else:
+                        await self.session.write_terminal(events.RunCompleted(output=output))
+                    return await self._finish()
+                case engine.Failed(error=error):
+                    await self._settle_inline()
+                    await self.session.write_terminal(
+                        events.RunFailed(error=steps.error_info(error))
+                    )
+                    return await self._finish()
+                case engine.Diverged() as diverged:
+                    if not await self._recover_divergence(diverged):
+                        return await self._finish()
+                case engine.Suspended() as suspended:
+                    result = await self._suspended(suspended)
+                    if result is not None:
+                        return result
+
+    async def _finish(self) -> messages.HandlerResult:
+        await self._settle_inline()
+        self.rt.consumed[self.run_id] = self.session.tail
+        return messages.ACK
+
+    async def _recover_divergence(self, diverged: engine.Diverged) -> bool:
+        """Replay cold in place; False once the budget is spent and the run failed."""
+        self._divergences += 1
+        budget = self.settings.WORKFLOW_REPLAY_DIVERGENCE_MAX_RETRIES
+        log.warning(
+            "run %s: replay diverged at position %d (log: %s; code: %s), %d of %d",
+            self.run_id,
+            diverged.position,
+            diverged.recorded,
+            diverged.reached,
+            self._divergences,
+            budget + 1,
+        )
+        await self._settle_inline()
+        if self._divergences > budget:
+            error = errors.CorruptedEventLog(
+                self.run_id,
+                position=diverged.position,
+                recorded=diverged.recorded,
+                reached=diverged.reached,
+            )
+            await self.session.write_terminal(
+                events.RunFailed(
+                    error=events.ErrorInfo(
+                        message=str(error), type="CorruptedEventLog", code="CORRUPTED_EVENT_LOG"
+                    )
+                )
+            )
+            return False
+        workflow = self.rt.workflows[self.session.state.workflow_name]
+        await self.session.load(keep_writer=True)
+        self.session.start_replay(workflow)
+        return True
+
+    async def _suspended(self, suspended: engine.Suspended) -> messages.HandlerResult | None:
+        """Write and start what the workflow waits on; None to run another pass."""
+        if suspended.new or suspended.dispose:
+            await self._create(suspended)
+            return None
+        running = set(self._inline.values())
+        reruns = decisions.inline_to_rerun(self.session.state, running)
+        if reruns:
+            return None if await self._rerun_inline(reruns) else messages.HANDOFF
+        if self._inline or self.session.has_pending:
+            await self._wait_for_news(self._next_wait_due_ms())
+            return None
+        if await self.session.read_tail():
+            return None
+        if self._should_linger():
+            linger_ms = min(
+                self.settings.WORKFLOW_ORCHESTRATOR_LINGER_MS,
+                self.deadline_ms - self.margin_ms - _now_ms(),
+            )
+            until = _now_ms() + linger_ms
+            next_due = self._next_wait_due_ms()
+            if next_due is not None and next_due <= until:
+                await self._wait_for_news(next_due)
+                return None  # news, or a wait came due: another pass either way
+            if await self._wait_for_news(until):
+                return None
+        if self.meta.delivery_count > 1:
+            await self._arm_near_due()
+        return await self._finish()
+
+    def _should_linger(self) -> bool:
+        state = self.session.state
+        return (
+            self.session.feed_live
+            and self.settings.WORKFLOW_ORCHESTRATOR_LINGER_MS > 0
+            and (bool(state.open_hooks) or state.has_open_background_step())
+            and self.deadline_ms - self.margin_ms - _now_ms() > 0
+        )
+
+    async def _wait_for_news(self, until_ms: int | None) -> bool:
+        """Wait for an inline body to settle, a new event, or ``until_ms``; True on news."""
+        session = self.session
+        tail = session.tail
+        poll_ms = (
+            self.settings.WORKFLOW_ORCHESTRATOR_FEED_POLL_INTERVAL_MS
+            if session.feed_live
+            else self.settings.WORKFLOW_ORCHESTRATOR_POLL_INTERVAL_MS
+        )
+        limit = self.deadline_ms if until_ms is None else min(self.deadline_ms, until_ms)
+        while True:
+            session.news.clear()
+            if session.has_pending:
+                await session.read_tail()
+            if session.tail > tail or any(t.done() for t in self._inline):
+                self._reap_done()
+                return True
+            remaining = limit - _now_ms()
+            if remaining <= 0:
+                return False
+            wait_ms = min(remaining, poll_ms) if poll_ms > 0 else remaining
+            news = asyncio.ensure_future(session.news.wait())
+            done, _ = await asyncio.wait(
+                [news, *self._inline], timeout=wait_ms / 1000, return_when=asyncio.FIRST_COMPLETED
+            )
+            news.cancel()
+            if not done and poll_ms > 0:
+                await session.read_tail()
+
+    def _reap_done(self) -> None:
+        for task in [t for t in self._inline if t.done()]:
+            del self._inline[task]
+            if not task.cancelled() and (exc := task.exception()) is not None:
+                raise exc
+
+    async def _settle_inline(self, *, quiet: bool = False) -> None:
+        """Let running inline bodies finish (their writes may be refused)."""
+        first_error: BaseException | None = None
+        while self._inline:
+            await asyncio.wait(list(self._inline))
+            for task in [t for t in self._inline if t.done()]:
+                del self._inline[task]
+                if task.cancelled() or (exc := task.exception()) is None:
+                    continue
+                if first_error is None or isinstance(exc, Superseded):
+                    first_error = exc  # supersession wins over other failures
+        if first_error is not None and not quiet:
+            raise first_error
+
+    def _next_wait_due_ms(self) -> int | None:
+        due = [_ms(w.resume_at) for w in self.session.state.open_waits()]
+        return min(due) if due else None
+
+    # -- creating what the workflow waits on -------------------------------------------
+
+    async def _create(self, suspended: engine.Suspended) -> None:
+        for hook in suspended.dispose:
+            await self.session.write(events.HookDisposed(correlation_id=hook.correlation_id))
+            hook.disposed = True
+        for op in suspended.new:
+            if isinstance(op, operations.HookWait):
+                await self.session.write(
+                    events.HookCreated(
+                        correlation_id=op.correlation_id,
+                        token=op.token,
+                        metadata=op.metadata,
+                        position=op.position,
+                    )
+                )
+        waits = [op for op in suspended.new if isinstance(op, operations.Sleep)]
+        calls = [op for op in suspended.new if isinstance(op, operations.StepCall)]
+        inline = [c for c in calls if c.input_error is None][: self._inline_slots()]
+        batch: list[events.Event] = []
+        for call in calls:
+            batch += decisions.step_creation(
+                call, inline=call in inline, creator_message_id=self.meta.message_id
+            )
+        for wait in waits:
+            batch.append(
+                events.WaitCreated(
+                    correlation_id=wait.correlation_id,
+                    resume_at=wait.resume_at,
+                    creator_message_id=self.meta.message_id,
+                    position=wait.position,
+                )
+            )
+        if waits:
+            await self._arm_new_waits(waits)  # before wait_created commits
+        for chunk in decisions.creation_batches(batch):
+            await self._write_creations(chunk)
+        for call in inline:
+            self._start_inline(call.correlation_id, call.step_name, call.input, 1, call.max_retries)
+
+    def _inline_slots(self) -> int:
+        if _now_ms() >= self.deadline_ms - self.margin_ms:
+            return 0
+        return max(self.settings.WORKFLOW_MAX_INLINE_STEPS - len(self._inline), 0)
+
+    async def _write_creations(self, batch: list[events.Event]) -> None:
+        committed, refused = await self.session.write_batch(batch)
+        sends = []
+        for logged in committed:
+            event = logged.event
+            if isinstance(event, events.StepCreated) and not event.inline:
+                send = self.session.step_send(
+                    event.correlation_id,
+                    event.step_name,
+                    event.input,
+                    created_at=logged.created_at,
+                    max_retries=event.max_retries,
+                )
+                self.session.owe(send)
+                sends.append(send)
+        await self.session.send(sends)
+        if refused:
+            log.warning("run %s: %d creations refused: %s", self.run_id, len(refused), refused[0])
+            raise refused[0]
+
+    # -- inline steps ------------------------------------------------------------------
+
+    def _start_inline(
+        self, step_id: str, step_name: str, step_input: Any, attempt: int, max_retries: int
+    ) -> None:
+        task = asyncio.get_running_loop().create_task(
+            self._run_inline(step_id, step_name, step_input, attempt, max_retries),
+            name=f"treadle-inline-{step_id}",
+        )
+        self._inline[task] = step_id
+
+    async def _run_inline(
+        self, step_id: str, step_name: str, step_input: Any, attempt: int, max_retries: int
+    ) -> None:
+        outcome = await steps.execute(
+            self.rt,
+            run_id=self.run_id,
+            workflow_name=self.session.state.workflow_name,
+            step_id=step_id,
+            step_name=step_name,
+            input=step_input,
+            attempt=attempt,
+            max_retries=max_retries,
+            started_at=datetime.now(UTC),
+        )
+        event = steps.outcome_event(step_id, step_name, attempt, outcome)
+        if outcome.kind != "retry":
+            with contextlib.suppress(errors.StepAlreadyEnded):
+                await self.session.write(event)
+            return
+        # An inline step's retry moves to the step's own message; never inline again.
+        event = event.model_copy(update={"creator_message_id": self.meta.message_id})
+        logged = await self.session.write(event)
+        send = self.session.step_send(
+            step_id,
+            step_name,
+            step_input,
+            created_at=logged.created_at,
+            max_retries=max_retries,
+            attempt=attempt + 1,
+            delay_seconds=outcome.retry_after_seconds,
+        )
+        self.session.owe(send)
+        await self.session.send([send])
+
+    async def _rerun_inline(self, reruns: list[Any]) -> bool:
+        """Run again, or fail past its retries, what a dead delivery left; False if no slot."""
+        progressed = False
+        for step in reruns:
+            attempt = step.starts + 1
+            max_retries = step.max_retries if step.max_retries is not None else 3
+            if attempt > max_retries + 1:
+                await self.session.write(
+                    events.StepFailed(
+                        correlation_id=step.step_id,
+                        step_name=step.step_name,
+                        attempt=step.starts,
+                        error=events.ErrorInfo(
+                            message=f"step {step.step_name} was started {step.starts} time(s) "
+                            f"by a delivery that died; max_retries={max_retries} allows no more",
+                            type="StepAttemptsExhausted",
+                        ),
+                    )
+                )
+                progressed = True
+            elif self._inline_slots() > 0:
+                await self.session.write(
+                    events.StepStarted(
+                        correlation_id=step.step_id,
+                        step_name=step.step_name,
+                        attempt=attempt,
+                        inline=True,
+                    )
+                )
+                self._start_inline(step.step_id, step.step_name, step.input, attempt, max_retries)
+                progressed = True
+        return progressed or bool(self._inline)
+
+    # -- timers and waits ---------------------------------------------------------------
+
+    def _timer(
+        self, wait_id: str, resume_at: datetime, *, suffix: str | None = None, near: bool = False
+    ) -> messages.Send:
+        state = self.session.state
+        return timers.timer_send(
+            run_id=self.run_id,
+            deployment_id=state.deployment_id,
+            spec_version=state.spec_version,
+            correlation_id=wait_id,
+            resume_at_ms=_ms(resume_at),
+            now_ms=_now_ms(),
+            max_hop_ms=int(self.settings.WORKFLOW_WAIT_CONTINUATION_MAX_DELAY_SECONDS * 1000),
+            key_suffix=suffix,
+            near_due=near,
+        )
+
+    async def _arm(self, wait_id: str, resume_at: datetime) -> None:
+        """Send a wait's timer once per delivery (a due wait needs none: the pass completes it)."""
+        if wait_id in self._timed or _ms(resume_at) <= _now_ms():
+            return
+        # A last hop sent by a delivery that is not its message's first gets a per-second key.
+        await self.session.send(
+            [self._timer(wait_id, resume_at, near=self.meta.delivery_count > 1)]
+        )
+        self._timed.add(wait_id)
+
+    async def _arm_new_waits(self, waits: list[operations.Sleep]) -> None:
+        """The timer of this message's chain's earliest wait, new ones included."""
+        chain = [(w.resume_at, w.wait_id) for w in self.session.state.chain(self.meta.message_id)]
+        chain += [(w.resume_at, w.correlation_id) for w in waits]
+        resume_at, wait_id = min(chain)
+        await self._arm(wait_id, resume_at)
+
+    async def _arm_owned_chains(self) -> None:
+        """Arm the chains this delivery owns: its message's, its timer's, all on recovery."""
+        state = self.session.state
+        owners: set[str | None] = {self.meta.message_id}
+        if self.message.recovery:
+            owners |= {w.creator_message_id for w in state.open_waits()}
+        cont = self.message.wait_continuation
+        if cont is not None and cont.correlation_id in state.waits:
+            owners.add(state.waits[cont.correlation_id].creator_message_id)
+        for owner in owners:
+            chain = state.chain(owner)
+            if chain:
+                await self._arm(chain[0].wait_id, chain[0].resume_at)
+        if cont is None or cont.resume_at_ms is not None:
+            return
+        wait = state.waits.get(cont.correlation_id)
+        if wait is not None and not wait.completed and _ms(wait.resume_at) > _now_ms():
+            # A final timer that came before its wait was due re-arms it under its own key.
+            send = self._timer(wait.wait_id, wait.resume_at, suffix=f"a{self.meta.attempt + 1}")
+            await self.session.send([send])
+            self._timed.add(wait.wait_id)
+
+    async def _complete_due_waits(self) -> None:
+        """At the top of a pass: ``wait_completed`` for each due or woken wait, in-band."""
+        state = self.session.state
+        woken = state.waits_woken() | set(self.message.complete_waits or ())
+        due = decisions.due_waits(state, now_ms=_now_ms(), woken=woken)
+        if not due:
+            return
+        finishing = {w.wait_id for w in due}
+        for owner in {w.creator_message_id for w in due}:
+            rest = [w for w in state.chain(owner) if w.wait_id not in finishing]
+            if rest:
+                await self._arm(rest[0].wait_id, rest[0].resume_at)  # before the completion
+        for wait in due:
+            await self.session.write(events.WaitCompleted(correlation_id=wait.wait_id))
+
+    async def _arm_near_due(self) -> None:
+        """A delivery that may hold a coalesced timer re-arms every wait due very soon."""
+        window_ms = max(5.0, self.settings.WORKFLOW_NEAR_ELAPSED_WAIT_THRESHOLD_SECONDS) * 1000
+        sends = []
+        for wait in decisions.near_due_waits(
+            self.session.state, now_ms=_now_ms(), window_ms=window_ms
+        ):
+            send = self._timer(wait.wait_id, wait.resume_at, near=True)
+            if send.key is not None and self.rt.near_due_sent.first_time(send.key):
+                sends.append(send)
+        await self.session.send(sends)
+
+    async def _resend_steps(self) -> None:
+        """The re-send rule, once per invocation: steps whose first send may be lost."""
+        resends = decisions.steps_to_resend(
+            self.session.state, now=datetime.now(UTC), recovery=self.message.recovery
+        )
+        sends = [
+            self.session.step_send(
+                r.step.step_id,
+                r.step.step_name,
+                r.step.input,
+                created_at=r.step.created_at,
+                max_retries=r.step.max_retries,
+                attempt=r.attempt,
+                resent=True,
+                delay_seconds=r.delay_seconds,
+            )
+            for r in resends
+        ]
+        if sends:
+            log.debug("run %s: re-sending %d step messages", self.run_id, len(sends))
+            await self.session.send(sends)

@@ -1,0 +1,157 @@
+"""What the orchestrator knows of a run's log, folded one event at a time.
+
+Kept incrementally while a delivery absorbs events (never rebuilt per write),
+so deciding a step's re-send, a wait's timer or the run's status costs the
+same at slot 20 as at slot 20,000. Replay owns the workflow's view; this is
+the orchestrator's bookkeeping beside it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from pydantic import JsonValue
+
+from treadle.world import events
+
+
+@dataclass
+class StepState:
+    step_id: str
+    step_name: str
+    inline: bool
+    created_at: datetime
+    input: JsonValue = None
+    max_retries: int | None = None
+    creator_message_id: str | None = None
+    starts: int = 0
+    outcome: str | None = None
+    last_type: str = ""
+    # A step_retrying written by an orchestrator (it moved an inline retry to a message).
+    moved_by: str | None = None
+    moved_at: datetime | None = None
+    retry_after: datetime | None = None
+
+
+@dataclass
+class WaitState:
+    wait_id: str
+    resume_at: datetime
+    creator_message_id: str | None
+    slot: int
+    completed: bool = False
+
+
+@dataclass
+class LogState:
+    run_id: str
+    tail: int = 0
+    workflow_name: str = ""
+    deployment_id: str | None = None
+    spec_version: int = 9
+    input: JsonValue = None
+    created_at: datetime | None = None
+    started: bool = False
+    terminal: str | None = None
+    steps: dict[str, StepState] = field(default_factory=dict)
+    waits: dict[str, WaitState] = field(default_factory=dict)
+    open_hooks: set[str] = field(default_factory=set)
+    # Wake-ups not yet acted on: (slot written, the waits named or None for all).
+    wake_requests: list[tuple[int, list[str] | None]] = field(default_factory=list)
+
+    def apply(self, logged: events.LoggedEvent) -> None:
+        self.tail = max(self.tail, logged.slot)
+        at = logged.created_at
+        match logged.event:
+            case events.RunCreated() as e:
+                self.workflow_name, self.deployment_id = e.workflow_name, e.deployment_id
+                self.spec_version, self.input, self.created_at = e.spec_version, e.input, at
+            case events.RunStarted():
+                self.started = True
+            case events.RunCompleted() | events.RunFailed() | events.RunCancelled() as e:
+                self.terminal = self.terminal or e.type
+                self.open_hooks.clear()
+            case events.StepCreated() as e:
+                self.steps.setdefault(
+                    e.correlation_id,
+                    StepState(
+                        e.correlation_id,
+                        e.step_name,
+                        e.inline,
+                        at,
+                        e.input,
+                        e.max_retries,
+                        e.creator_message_id,
+                        last_type=e.type,
+                    ),
+                )
+            case events.StepStarted() as e:
+                started = self.steps.setdefault(
+                    e.correlation_id,
+                    StepState(
+                        e.correlation_id,
+                        e.step_name,
+                        e.inline,
+                        at,
+                        e.input,
+                        e.max_retries,
+                    ),
+                )
+                if started.outcome is None:
+                    started.starts += 1
+                    started.last_type = e.type
+            case events.StepRetrying() as e:
+                step = self.steps.get(e.correlation_id)
+                if step is not None and step.outcome is None:
+                    step.last_type = e.type
+                    step.retry_after = e.retry_after
+                    step.moved_by = e.creator_message_id
+                    step.moved_at = at if e.creator_message_id else None
+            case events.StepCompleted() | events.StepFailed() as e:
+                step = self.steps.get(e.correlation_id)
+                if step is not None and step.outcome is None:
+                    step.outcome = e.type
+                    step.last_type = e.type
+            case events.WaitCreated() as e:
+                self.waits.setdefault(
+                    e.correlation_id,
+                    WaitState(
+                        e.correlation_id,
+                        e.resume_at,
+                        e.creator_message_id,
+                        logged.slot,
+                    ),
+                )
+            case events.WaitCompleted() as e:
+                wait = self.waits.get(e.correlation_id)
+                if wait is not None:
+                    wait.completed = True
+            case events.HookCreated() as e:
+                self.open_hooks.add(e.correlation_id)
+            case events.HookDisposed() as e:
+                self.open_hooks.discard(e.correlation_id)
+            case events.WakeRequested() as e:
+                self.wake_requests.append((logged.slot, e.waits))
+            case _:
+                pass
+
+    def open_waits(self) -> list[WaitState]:
+        return [w for w in self.waits.values() if not w.completed]
+
+    def chain(self, creator_message_id: str | None) -> list[WaitState]:
+        """A chain's open waits, earliest first."""
+        waits = [w for w in self.open_waits() if w.creator_message_id == creator_message_id]
+        return sorted(waits, key=lambda w: (w.resume_at, w.slot))
+
+    def waits_woken(self) -> set[str]:
+        """Open waits that a recorded wake-up asked to complete."""
+        woken: set[str] = set()
+        for slot, names in self.wake_requests:
+            for wait in self.open_waits():
+                if (names is None and wait.slot < slot) or (names and wait.wait_id in names):
+                    woken.add(wait.wait_id)
+        return woken
+
+    def has_open_background_step(self) -> bool:
+        return any(not s.inline and s.outcome is None for s in self.steps.values())

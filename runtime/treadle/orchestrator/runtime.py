@@ -1,0 +1,55 @@
+"""What every delivery handler shares in one worker process."""
+
+from __future__ import annotations
+
+import collections
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from treadle.sdk import functions
+from treadle.settings import Settings
+from treadle.world import contract, messages
+
+log = logging.getLogger("treadle.orchestrator")
+
+
+class RecentKeys:
+    """Keys this process sent recently (near-due re-arms go out once per key)."""
+
+    def __init__(self, limit: int = 10_000) -> None:
+        self._keys: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._limit = limit
+
+    def first_time(self, key: str) -> bool:
+        if key in self._keys:
+            return False
+        self._keys[key] = None
+        if len(self._keys) > self._limit:
+            self._keys.popitem(last=False)
+        return True
+
+
+@dataclass
+class Runtime:
+    world: contract.World
+    workflows: Mapping[str, functions.WorkflowFunction[Any, Any]]
+    steps: Mapping[str, functions.StepFunction[Any, Any]]
+    settings: Settings
+    deployment_id: str
+    # The slot this process last consumed per run (the no-op wake fast path).
+    consumed: dict[str, int] = field(default_factory=dict)
+    near_due_sent: RecentKeys = field(default_factory=RecentKeys)
+
+    def wake_message(self, run_id: str, deployment_id: str | None) -> messages.OrchestratorMessage:
+        return messages.OrchestratorMessage(
+            run_id=run_id,
+            deployment_id=deployment_id,
+            run_spec_version=self.settings.spec_version,
+        )
+
+
+def step_key(run_id: str, step_id: str) -> str:
+    """A step's one queue message, deduplicated under this key for its whole life."""
+    return f"step:{run_id}:{step_id}"

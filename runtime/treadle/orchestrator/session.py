@@ -1,0 +1,264 @@
+"""A delivery's hold on its run's log: load, absorb in slot order, write, send.
+
+``RunSession`` keeps the events a delivery holds (the ``Replay`` it feeds and
+the ``LogState`` folded beside it), takes new ones from write results, the
+live feed and tail reads, and hands them over only in slot order without gaps
+(consume after commit: an own write's event is taken after the events its
+skipped-slot report names). It also tracks what this delivery's committed
+writes owe the queue, so a refused delivery can send exactly that.
+
+Used by ``orchestrator.delivery``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from treadle import errors
+from treadle.orchestrator.logstate import LogState
+from treadle.orchestrator.runtime import Runtime, step_key
+from treadle.orchestrator.writer import InBandWriter
+from treadle.replay import engine
+from treadle.sdk import functions
+from treadle.world import constants, contract, events, messages
+
+log = logging.getLogger("treadle.orchestrator.session")
+
+
+class RunSession:
+    def __init__(self, rt: Runtime, run_id: str) -> None:
+        self.rt = rt
+        self.run_id = run_id
+        self.state = LogState(run_id)
+        self.replay: engine.Replay | None = None
+        self.writer: InBandWriter | None = None
+        self.loaded: list[events.LoggedEvent] = []
+        self.news = asyncio.Event()
+        self.feed_live = False
+        self._pending: dict[int, events.LoggedEvent] = {}
+        self._feed: contract.Subscription | None = None
+        self._owed: dict[str, messages.Send] = {}
+        self._sent: set[str] = set()
+
+    @property
+    def tail(self) -> int:
+        return self.replay.log_tail if self.replay is not None else self.state.tail
+
+    @property
+    def has_pending(self) -> bool:
+        return bool(self._pending)
+
+    def close(self) -> None:
+        if self._feed is not None:
+            self._feed.close()
+            self._feed = None
+        if self.replay is not None:
+            self.replay.close()
+
+    # -- loading -------------------------------------------------------------------
+
+    def synthesize(self, start: messages.RunInput) -> None:
+        """Turbo: the start message's first delivery takes the log as ``[run_created]``."""
+        created = events.LoggedEvent(
+            run_id=self.run_id,
+            slot=1,
+            created_at=start.created_at,
+            in_band=True,
+            event=events.RunCreated(
+                workflow_name=start.workflow_name,
+                input=start.input,
+                deployment_id=start.deployment_id or self.rt.deployment_id,
+                spec_version=start.spec_version,
+            ),
+        )
+        self.loaded = [created]
+        self.state.apply(created)
+        snapshot = events.Snapshot(seq=1, seq_in_band=constants.IN_BAND_SEQ_AT_RUN_CREATION)
+        self.writer = InBandWriter(self.rt.world, self.run_id, snapshot)
+
+    async def load(self, *, keep_writer: bool = False) -> None:
+        """A full load; the writer adopts the first page's snapshot (never a count)."""
+        page = await self.rt.world.events.list(self.run_id)
+        snapshot = page.snapshot
+        loaded = list(page.events)
+        while page.has_more:
+            page = await self.rt.world.events.list(self.run_id, after_slot=page.cursor)
+            loaded.extend(page.events)
+        if len(loaded) < snapshot.seq:
+            raise errors.WorldContractError(
+                f"run {self.run_id}: a full load returned {len(loaded)} events below the "
+                f"snapshot's seq {snapshot.seq}",
+                run_id=self.run_id,
+            )
+        self.loaded = loaded
+        self.state = LogState(self.run_id)
+        for event in loaded:
+            self.state.apply(event)
+        if not keep_writer or self.writer is None:
+            self.writer = InBandWriter(self.rt.world, self.run_id, snapshot)
+
+    def start_replay(self, workflow: functions.WorkflowFunction[Any, Any]) -> engine.Replay:
+        if self.replay is not None:
+            self.replay.close()
+        args, kwargs = functions.decode_arguments(self.state.input)
+        self.replay = engine.Replay(
+            run_id=self.run_id,
+            workflow_name=self.state.workflow_name,
+            workflow=workflow.fn,
+            args=args,
+            kwargs=kwargs,
+        )
+        for event in self.loaded:
+            self.replay.feed(event)
+        return self.replay
+
+    # -- absorbing events in slot order -------------------------------------------------
+
+    def offer(self, committed: Sequence[events.LoggedEvent]) -> None:
+        """Take committed events; only the gap-free run above what we hold is consumed."""
+        for event in committed:
+            if event.slot > self.tail:
+                self._pending[event.slot] = event
+        while (following := self._pending.pop(self.tail + 1, None)) is not None:
+            if self.replay is not None:
+                self.replay.feed(following)
+            self.loaded.append(following)
+            self.state.apply(following)
+        for slot in [s for s in self._pending if s <= self.tail]:
+            del self._pending[slot]
+        if self.writer is not None:
+            self.writer.hold_through(self.tail)
+
+    async def read_tail(self) -> bool:
+        """Read what landed after what we hold; True when something new arrived."""
+        before = after = self.tail
+        while True:
+            page = await self.rt.world.events.list(self.run_id, after_slot=after)
+            self.offer(page.events)
+            if not page.has_more:
+                break
+            after = page.cursor
+        return self.tail > before
+
+    def subscribe(self) -> None:
+        if not self.rt.world.capabilities.live_feed:
+            return
+
+        def on_event(event: events.LoggedEvent) -> None:
+            self.offer([event])
+            self.news.set()
+
+        def on_error(exc: BaseException) -> None:
+            log.info("run %s: live feed error: %s", self.run_id, exc)
+            self.feed_live = False
+            self.news.set()
+
+        self._feed = self.rt.world.events.subscribe(self.run_id, self.tail, on_event, on_error)
+        self.feed_live = True
+
+    # -- writing -------------------------------------------------------------------------
+
+    async def write(self, event: events.Event) -> events.LoggedEvent:
+        """One in-band write, consumed after it commits, behind its report."""
+        assert self.writer is not None
+        result = await self.writer.create(event)
+        self.offer(result.report)
+        self.offer([result.event])
+        if result.has_more:
+            await self.read_tail()
+        return result.event
+
+    async def write_batch(
+        self, batch: list[events.Event]
+    ) -> tuple[list[events.LoggedEvent], list[errors.WorldError]]:
+        assert self.writer is not None
+        result = await self.writer.create_batch(batch)
+        self.offer(result.report)
+        committed = [item.event for item in result.items if item.event is not None]
+        self.offer(committed)
+        if result.has_more:
+            await self.read_tail()
+        return committed, [item.error for item in result.items if item.error is not None]
+
+    async def write_terminal(self, event: events.Event) -> None:
+        with contextlib.suppress(errors.RunExpired):
+            await self.write(event)
+
+    async def fail_out_of_band(self, error: events.ErrorInfo) -> None:
+        with contextlib.suppress(errors.RunExpired):
+            await self.rt.world.events.create(
+                self.run_id, events.RunFailed(error=error), in_band=False
+            )
+
+    # -- sending -------------------------------------------------------------------------
+
+    def owe(self, send: messages.Send) -> None:
+        """A committed write owes this message until it is sent."""
+        if send.key is not None and send.key not in self._sent:
+            self._owed[send.key] = send
+
+    async def send(self, sends: Sequence[messages.Send]) -> None:
+        todo = [s for s in sends if s.key is None or s.key not in self._sent]
+        if not todo:
+            return
+        await self.rt.world.queue.send_batch(todo)
+        for item in todo:
+            if item.key is not None:
+                self._sent.add(item.key)
+                self._owed.pop(item.key, None)
+
+    def was_sent(self, key: str) -> bool:
+        return key in self._sent
+
+    async def send_owed(self) -> None:
+        """After a refusal: exactly what this delivery's committed writes still owe."""
+        owed = list(self._owed.values())
+        if not owed:
+            return
+        try:
+            await self.send(owed)
+        except Exception:
+            log.exception(
+                "run %s: sending %d owed messages failed; the redelivery re-sends them",
+                self.run_id,
+                len(owed),
+            )
+
+    def step_send(
+        self,
+        step_id: str,
+        step_name: str,
+        step_input: Any,
+        *,
+        created_at: datetime,
+        max_retries: int | None,
+        attempt: int = 1,
+        resent: bool = False,
+        delay_seconds: float = 0.0,
+    ) -> messages.Send:
+        """A step's one message, under its stable key; a large input stays in the log."""
+        state = self.state
+        message = messages.StepMessage(
+            run_id=self.run_id,
+            deployment_id=state.deployment_id,
+            step_id=step_id,
+            step_name=step_name,
+            step_created_at=created_at,
+            step_resent=resent,
+            run_context=messages.RunContext(
+                spec_version=state.spec_version,
+                deployment_id=state.deployment_id,
+                workflow_name=state.workflow_name,
+            ),
+            input=step_input,
+            max_retries=max_retries,
+            step_attempt=attempt,
+        )
+        if len(message.model_dump_json()) > constants.MAX_MESSAGE_BYTES - 1024:
+            message = message.model_copy(update={"input": None, "input_in_log": True})
+        return messages.Send(message, step_key(self.run_id, step_id), delay_seconds)

@@ -1,0 +1,258 @@
+"""Running step bodies, and the background step's message handler.
+
+``execute`` runs one attempt of a step body (inline or background) and turns
+what happened into an outcome: completed, retry (with its delay) or failed.
+``handle_step_message`` is the handler of a background step's one message
+(seed 003 "One delivery of a step message"): it reads the log on any
+delivery but a plain first one, writes ``step_started`` out-of-band, runs the
+body, writes the outcome, wakes the orchestrator, and acknowledges, or asks
+for the same message again to retry in place.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import traceback
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from pydantic import JsonValue
+
+from treadle import errors, serde
+from treadle.orchestrator.runtime import Runtime
+from treadle.sdk import context, functions
+from treadle.world import constants, events, messages
+
+log = logging.getLogger("treadle.orchestrator.steps")
+
+NO_ACTIVITY_BEFORE_CAP = timedelta(milliseconds=constants.QUEUE_MIN_STEP_REDELIVERY_SPAN_MS)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    kind: str  # "completed", "retry", "failed"
+    result: JsonValue = None
+    error: events.ErrorInfo | None = None
+    retry_after_seconds: float = 0.0
+
+
+def error_info(exc: BaseException) -> events.ErrorInfo:
+    stack = "".join(traceback.format_exception(exc))[-8000:]
+    code = getattr(exc, "code", None)
+    return events.ErrorInfo(
+        message=str(exc) or type(exc).__name__,
+        type=type(exc).__name__,
+        code=code if isinstance(code, str) else None,
+        stack=stack,
+    )
+
+
+async def execute(
+    rt: Runtime,
+    *,
+    run_id: str,
+    workflow_name: str,
+    step_id: str,
+    step_name: str,
+    input: JsonValue,
+    attempt: int,
+    max_retries: int,
+    started_at: datetime,
+) -> Outcome:
+    """Run one attempt of a step body and say what it came to."""
+    fn = rt.steps.get(step_name)
+    if fn is None:
+        return Outcome(
+            "failed",
+            error=events.ErrorInfo(
+                message=f"no step named {step_name!r} is registered in this worker",
+                type="StepNotRegistered",
+            ),
+        )
+    meta = context.StepMetadata(run_id, step_id, step_name, attempt, started_at, workflow_name)
+    token = context.STEP.set(meta)
+    try:
+        args, kwargs = functions.decode_arguments(input)
+        value: Any = await fn.run_body(args, kwargs)
+        return Outcome("completed", result=serde.encode(value, f"step {step_name} result"))
+    except errors.FatalError as exc:
+        return Outcome("failed", error=error_info(exc))
+    except errors.SerializationError as exc:
+        return Outcome("failed", error=error_info(exc))
+    except Exception as exc:
+        if attempt > max_retries:
+            return Outcome("failed", error=error_info(exc))
+        delay = rt.settings.WORKFLOW_STEP_RETRY_DELAY_SECONDS
+        if isinstance(exc, errors.RetryableError) and exc.retry_after is not None:
+            delay = exc.retry_after
+        log.info(
+            "run %s: step %s attempt %d failed (%s); retrying in %.1f s",
+            run_id,
+            step_name,
+            attempt,
+            exc,
+            delay,
+        )
+        return Outcome("retry", error=error_info(exc), retry_after_seconds=delay)
+    finally:
+        context.STEP.reset(token)
+
+
+def outcome_event(step_id: str, step_name: str, attempt: int, outcome: Outcome) -> events.Event:
+    if outcome.kind == "completed":
+        return events.StepCompleted(
+            correlation_id=step_id, step_name=step_name, result=outcome.result
+        )
+    assert outcome.error is not None
+    if outcome.kind == "retry":
+        return events.StepRetrying(
+            correlation_id=step_id,
+            step_name=step_name,
+            attempt=attempt,
+            error=outcome.error,
+            retry_after=datetime.now(UTC) + timedelta(seconds=outcome.retry_after_seconds),
+        )
+    return events.StepFailed(
+        correlation_id=step_id, step_name=step_name, attempt=attempt, error=outcome.error
+    )
+
+
+@dataclass
+class _StepLog:
+    run_terminal: bool = False
+    outcome: bool = False
+    starts: int = 0
+    input: JsonValue = None
+    retry_after: datetime | None = None
+    last_type: str = ""
+    last_activity: datetime | None = None
+
+
+async def _read_step_log(rt: Runtime, run_id: str, step_id: str) -> _StepLog:
+    state = _StepLog()
+    after = 0
+    while True:
+        page = await rt.world.events.list(run_id, after_slot=after)
+        for logged in page.events:
+            event = logged.event
+            if event.type in events.RUN_TERMINAL_TYPES:
+                state.run_terminal = True
+            if event.correlation_id != step_id:
+                continue
+            state.last_activity = logged.created_at
+            if isinstance(event, events.StepCreated) or (
+                isinstance(event, events.StepStarted) and event.input is not None
+            ):
+                state.input = event.input
+            if state.outcome:
+                continue  # events after the outcome are inert
+            state.last_type = event.type
+            if isinstance(event, events.StepStarted):
+                state.starts += 1
+            elif isinstance(event, events.StepRetrying):
+                state.retry_after = event.retry_after
+            elif event.type in events.STEP_OUTCOME_TYPES:
+                state.outcome = True
+        if not page.has_more:
+            return state
+        after = page.cursor
+
+
+async def _wake(rt: Runtime, message: messages.StepMessage) -> None:
+    await rt.world.queue.send(rt.wake_message(message.run_id, message.deployment_id))
+
+
+async def _write_outcome(
+    rt: Runtime, message: messages.StepMessage, attempt: int, outcome: Outcome
+) -> None:
+    event = outcome_event(message.step_id, message.step_name, attempt, outcome)
+    with contextlib.suppress(errors.StepAlreadyEnded):
+        await rt.world.events.create(message.run_id, event, in_band=False)
+
+
+async def handle_step_message(
+    rt: Runtime, message: messages.StepMessage, meta: messages.DeliveryMeta
+) -> messages.HandlerResult:
+    fn = rt.steps.get(message.step_name)
+    max_retries = message.max_retries
+    if max_retries is None:
+        max_retries = fn.max_retries if fn is not None else functions.DEFAULT_MAX_RETRIES
+    attempt = message.step_attempt
+    step_input = message.input
+    plain = meta.delivery_count == 1 and attempt == 1 and not message.step_resent
+    if not plain or message.input_in_log:
+        state = await _read_step_log(rt, message.run_id, message.step_id)
+        if state.run_terminal:
+            return messages.ACK  # the run ended: no body, no wake
+        if state.outcome:
+            await _wake(rt, message)  # its completion wake may have been lost
+            return messages.ACK
+        now = datetime.now(UTC)
+        if state.last_type == "step_retrying" and state.retry_after and state.retry_after > now:
+            return messages.Redeliver((state.retry_after - now).total_seconds())
+        attempt = state.starts + 1
+        step_input = state.input
+        if attempt > max_retries + 1:
+            await _write_outcome(
+                rt,
+                message,
+                attempt - 1,
+                Outcome(
+                    "failed",
+                    error=events.ErrorInfo(
+                        message=f"step {message.step_name} started {state.starts} time(s) and its "
+                        f"owner died; max_retries={max_retries} allows no further attempt",
+                        type="StepAttemptsExhausted",
+                    ),
+                ),
+            )
+            await _wake(rt, message)
+            return messages.ACK
+        idle = state.last_activity is None or now - state.last_activity >= NO_ACTIVITY_BEFORE_CAP
+        if meta.attempt > rt.settings.WORKFLOW_MAX_QUEUE_DELIVERIES and idle:
+            await _write_outcome(
+                rt,
+                message,
+                max(attempt - 1, 1),
+                Outcome(
+                    "failed",
+                    error=(
+                        events.ErrorInfo(
+                            message="the step's message exceeded its deliveries",
+                            type="FatalError",
+                            code="MAX_DELIVERIES_EXCEEDED",
+                        )
+                    ),
+                ),
+            )
+            await _wake(rt, message)
+            return messages.ACK
+    started_at = datetime.now(UTC)
+    start = events.StepStarted(
+        correlation_id=message.step_id, step_name=message.step_name, attempt=attempt
+    )
+    try:
+        await rt.world.events.create(message.run_id, start, in_band=False)
+    except errors.RunExpired:
+        return messages.ACK
+    except errors.StepAlreadyEnded:
+        await _wake(rt, message)
+        return messages.ACK
+    outcome = await execute(
+        rt,
+        run_id=message.run_id,
+        workflow_name=message.run_context.workflow_name,
+        step_id=message.step_id,
+        step_name=message.step_name,
+        input=step_input,
+        attempt=attempt,
+        max_retries=max_retries,
+        started_at=started_at,
+    )
+    await _write_outcome(rt, message, attempt, outcome)
+    await _wake(rt, message)
+    if outcome.kind == "retry":
+        return messages.Redeliver(max(outcome.retry_after_seconds, 0.001))
+    return messages.ACK

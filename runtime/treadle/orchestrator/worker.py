@@ -1,0 +1,132 @@
+"""The worker: serves a World's queue with the orchestrator and step handlers.
+
+``Worker.start`` consumes the kinds its role takes (``all``, ``orchestrator``,
+``steps``). Before a delivery replays anything, the orchestrator handler
+settles the cheap cases: an intermediate timer hop (read the run's status,
+send the next hop, write nothing), a misrouted message (re-sent to the run's
+deployment after 1, 2, 4 s, then the run fails with ``DeploymentMismatch``),
+and a plain wake with nothing new since this process last consumed the run
+(one tail read, then ``Ack``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from typing import Literal
+
+from treadle import errors
+from treadle.orchestrator import steps, timers
+from treadle.orchestrator.delivery import OrchestratorDelivery
+from treadle.orchestrator.runtime import Runtime
+from treadle.world import contract, events, messages
+
+log = logging.getLogger("treadle.orchestrator.worker")
+
+Role = Literal["all", "orchestrator", "steps"]
+MAX_REROUTES = 3
+
+
+class Worker:
+    def __init__(self, rt: Runtime, *, role: Role = "all", concurrency: int = 32) -> None:
+        self.rt = rt
+        self.role = role
+        self.concurrency = concurrency
+        self._consumer: contract.Consumer | None = None
+
+    async def start(self) -> None:
+        handlers: dict[messages.MessageKind, contract.Handler] = {}
+        if self.role in ("all", "orchestrator"):
+            handlers["orchestrator"] = self.handle
+        if self.role in ("all", "steps"):
+            handlers["step"] = self.handle
+        self._consumer = await self.rt.world.queue.consume(handlers, concurrency=self.concurrency)
+
+    async def stop(self, *, grace_seconds: float = 30.0) -> None:
+        if self._consumer is not None:
+            consumer, self._consumer = self._consumer, None
+            await consumer.close(grace_seconds=grace_seconds)
+
+    async def handle(
+        self,
+        message: messages.OrchestratorMessage | messages.StepMessage,
+        meta: messages.DeliveryMeta,
+    ) -> messages.HandlerResult:
+        if isinstance(message, messages.StepMessage):
+            return await steps.handle_step_message(self.rt, message, meta)
+        if message.is_intermediate_hop:
+            return await self._hop(message)
+        if message.deployment_id not in (None, self.rt.deployment_id):
+            return await self._reroute(message)
+        if await self._nothing_new(message, meta):
+            return messages.ACK
+        return await OrchestratorDelivery(self.rt, message, meta).run()
+
+    async def _hop(self, message: messages.OrchestratorMessage) -> messages.HandlerResult:
+        """An intermediate hop of a long wait: status only, then the next hop."""
+        cont = message.wait_continuation
+        assert cont is not None
+        assert cont.resume_at_ms is not None
+        try:
+            run = await self.rt.world.runs.get(message.run_id)
+        except errors.RunNotFound:
+            return messages.ACK
+        if run.is_terminal:
+            return messages.ACK  # the chain stops with the run
+        send = timers.timer_send(
+            run_id=message.run_id,
+            deployment_id=message.deployment_id,
+            spec_version=run.spec_version,
+            correlation_id=cont.correlation_id,
+            resume_at_ms=cont.resume_at_ms,
+            now_ms=int(time.time() * 1000),
+            max_hop_ms=int(self.rt.settings.WORKFLOW_WAIT_CONTINUATION_MAX_DELAY_SECONDS * 1000),
+        )
+        await self.rt.world.queue.send_batch([send])
+        return messages.ACK
+
+    async def _reroute(self, message: messages.OrchestratorMessage) -> messages.HandlerResult:
+        """A delivery for another deployment's run is not replayed here."""
+        if message.reroute_count < MAX_REROUTES:
+            delay = 2.0**message.reroute_count
+            log.warning(
+                "run %s: message for deployment %s reached %s; re-sending in %.0f s",
+                message.run_id,
+                message.deployment_id,
+                self.rt.deployment_id,
+                delay,
+            )
+            copy = message.model_copy(update={"reroute_count": message.reroute_count + 1})
+            await self.rt.world.queue.send(copy, delay_seconds=delay)
+            return messages.ACK
+        error = events.ErrorInfo(
+            message=f"run {message.run_id} is pinned to deployment {message.deployment_id}, "
+            f"which did not take its deliveries after {MAX_REROUTES} re-routes",
+            type="DeploymentMismatch",
+            code="DEPLOYMENT_MISMATCH",
+        )
+        with contextlib.suppress(errors.RunExpired, errors.RunNotFound):
+            await self.rt.world.events.create(
+                message.run_id, events.RunFailed(error=error), in_band=False
+            )
+        return messages.ACK
+
+    async def _nothing_new(
+        self, message: messages.OrchestratorMessage, meta: messages.DeliveryMeta
+    ) -> bool:
+        """The no-op wake: a plain first delivery, and the log ends where we left it."""
+        consumed = self.rt.consumed.get(message.run_id)
+        plain = (
+            message.run_input is None
+            and message.wait_continuation is None
+            and not message.complete_waits
+            and not message.recovery
+        )
+        if consumed is None or not plain or meta.delivery_count != 1:
+            return False
+        try:
+            page = await self.rt.world.events.list(message.run_id, after_slot=consumed, limit=1)
+        except errors.RunNotFound:
+            return True
+        return not page.events

@@ -1,0 +1,104 @@
+"""Step and workflow functions, as the decorators make them.
+
+Called inside a workflow, a step does not run: it takes the next position and
+returns a future the log resolves (``Replay.call_step``). Called anywhere
+else it simply runs, so steps stay testable as plain functions. A workflow
+called inside another workflow runs inline, as part of the caller's replay.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import functools
+import inspect
+from collections.abc import Awaitable, Callable
+from typing import Any, Generic, ParamSpec, TypeVar
+
+from pydantic import JsonValue
+
+from treadle import errors, serde
+from treadle.sdk import context
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+DEFAULT_MAX_RETRIES = 3
+MAX_MAX_RETRIES = 100
+
+
+def encode_arguments(args: tuple[Any, ...], kwargs: dict[str, Any], where: str) -> JsonValue:
+    """``{"args": [...], "kwargs": {...}}`` as log JSON; names the argument that fails."""
+    return {
+        "args": [serde.encode(a, f"{where} argument {i}") for i, a in enumerate(args)],
+        "kwargs": {k: serde.encode(v, f"{where} argument {k!r}") for k, v in kwargs.items()},
+    }
+
+
+def decode_arguments(data: JsonValue) -> tuple[list[Any], dict[str, Any]]:
+    if data is None:
+        return [], {}
+    if not isinstance(data, dict):
+        raise errors.SerializationError("input", "stored arguments are not an args/kwargs object")
+    args = serde.decode(data.get("args", []))
+    kwargs = serde.decode(data.get("kwargs", {}))
+    assert isinstance(args, list)
+    assert isinstance(kwargs, dict)
+    return args, kwargs
+
+
+class StepFunction(Generic[P, R]):
+    """A function decorated with ``@app.step``."""
+
+    def __init__(self, fn: Callable[P, Any], *, name: str, max_retries: int) -> None:
+        if not 0 <= max_retries <= MAX_MAX_RETRIES:
+            raise ValueError(
+                f"step {name}: max_retries must be between 0 and {MAX_MAX_RETRIES}, "
+                f"got {max_retries}"
+            )
+        self.fn = fn
+        self.name = name
+        self.max_retries = max_retries
+        self.is_async = inspect.iscoroutinefunction(fn)
+        functools.update_wrapper(self, fn)
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> Awaitable[R]:
+        replay = context.current_replay()
+        if replay is None:
+            return self.run_body(list(args), dict(kwargs))
+        input_error = None
+        try:
+            data = encode_arguments(args, kwargs, f"step {self.name}")
+        except errors.SerializationError as exc:
+            data, input_error = None, str(exc)
+        return replay.call_step(
+            self.name, data, max_retries=self.max_retries, input_error=input_error
+        )
+
+    async def run_body(self, args: list[Any], kwargs: dict[str, Any]) -> R:
+        """Run the function itself (a sync one in a worker thread)."""
+        if self.is_async:
+            result: R = await self.fn(*args, **kwargs)
+            return result
+        ctx = contextvars.copy_context()
+        return await asyncio.to_thread(ctx.run, self.fn, *args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<step {self.name}>"
+
+
+class WorkflowFunction(Generic[P, R]):
+    """A function decorated with ``@app.workflow``."""
+
+    def __init__(self, fn: Callable[P, Awaitable[R]], *, name: str) -> None:
+        if not inspect.iscoroutinefunction(fn):
+            raise TypeError(f"workflow {name} must be an async def function")
+        self.fn = fn
+        self.name = name
+        functools.update_wrapper(self, fn)
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> Awaitable[R]:
+        return self.fn(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<workflow {self.name}>"

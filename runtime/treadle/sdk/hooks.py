@@ -1,0 +1,69 @@
+"""Hooks: durable promises resolved from outside by a token.
+
+Subclass ``Hook`` (a pydantic model) to describe the payload; in a workflow,
+``await Approval.wait(token=..., timeout="1d")`` returns the validated payload,
+or None on timeout. ``app.resume_hook(token, payload)`` resolves it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Self
+
+from pydantic import BaseModel, JsonValue
+
+from treadle import errors
+from treadle.replay import operations
+from treadle.sdk import context
+from treadle.sdk.durations import Duration, to_seconds
+
+
+class HookHandle:
+    """A created hook: await ``payload()``; ``conflict()`` says at once if the token is taken."""
+
+    def __init__(self, op: operations.HookWait) -> None:
+        self._op = op
+
+    @property
+    def token(self) -> str:
+        return self._op.token
+
+    def conflict(self) -> errors.HookConflictError | None:
+        if not self._op.conflicted:
+            return None
+        return errors.HookConflictError(self._op.token, holder_run_id=self._op.conflict_holder)
+
+    async def payload(self) -> JsonValue:
+        result: JsonValue = await self._op.future
+        return result
+
+    def dispose(self) -> None:
+        """Release the token early (it is released anyway when the run ends)."""
+        replay = context.require_replay("Hook.dispose()")
+        replay.dispose_hook(self._op)
+
+
+def create_hook(token: str, *, metadata: JsonValue = None) -> HookHandle:
+    """Create a hook in workflow code; its token must be unique among live hooks."""
+    if not isinstance(token, str) or not token:
+        raise ValueError("a hook token must be a non-empty string")
+    replay = context.require_replay("create_hook()")
+    return HookHandle(replay.create_hook(token, metadata))
+
+
+class Hook(BaseModel):
+    """Base class of a hook's payload model."""
+
+    @classmethod
+    async def wait(cls, *, token: str, timeout: Duration | None = None) -> Self | None:
+        """Wait for the payload sent to ``token``; None if ``timeout`` passes first."""
+        hook = create_hook(token)
+        if timeout is None:
+            return cls.model_validate(await hook.payload())
+        seconds = to_seconds(timeout, what="hook timeout")
+        try:
+            data: Any = await asyncio.wait_for(hook.payload(), seconds)
+        except TimeoutError:
+            hook.dispose()
+            return None
+        return cls.model_validate(data)

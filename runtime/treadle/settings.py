@@ -1,0 +1,106 @@
+"""Settings, read from the environment and validated at start.
+
+The engine's knobs keep seed 003's names (``WORKFLOW_*``); treadle's own
+connection settings are ``TREADLE_*``. A bad value is a ``SettingsError``
+naming the variable and what it accepts; ``treadle settings`` lists them all.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from treadle import errors
+from treadle.world import constants
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(extra="ignore", frozen=True, case_sensitive=True)
+
+    WORKFLOW_SPEC_VERSION: int | None = Field(
+        default=None, description="Run format minted for new runs (unset: 9)."
+    )
+    WORKFLOW_MAX_QUEUE_DELIVERIES: int = Field(
+        default=48, ge=1, description="Orchestrator deliveries of one message before the run fails."
+    )
+    WORKFLOW_REPLAY_DIVERGENCE_MAX_RETRIES: int = Field(
+        default=3, ge=0, le=100, description="Cold replays in place before CorruptedEventLog."
+    )
+    WORKFLOW_MAX_INLINE_STEPS: int = Field(
+        default=3, description="Steps the orchestrator runs inline at once (clamped to 0..16)."
+    )
+    WORKFLOW_ORCHESTRATOR_POLL_INTERVAL_MS: int = Field(
+        default=2000, ge=0, description="Tail poll while bodies run, without a live feed."
+    )
+    WORKFLOW_ORCHESTRATOR_FEED_POLL_INTERVAL_MS: int = Field(
+        default=10000, ge=0, description="Tail poll with a live feed (doubles up to 2x)."
+    )
+    WORKFLOW_ORCHESTRATOR_LINGER_MS: int = Field(
+        default=30000,
+        ge=0,
+        description="Stay live after a pass while a hook or background step is open.",
+    )
+    WORKFLOW_INLINE_STEP_DEADLINE_MARGIN_MS: int = Field(
+        default=60000,
+        ge=0,
+        description="No inline step starts this close to the inline window's end.",
+    )
+    WORKFLOW_V2_TIMEOUT_MS: int = Field(
+        default=300000, ge=1000, description="An orchestrator delivery's inline window."
+    )
+    WORKFLOW_TURBO: bool = Field(default=True, description="First-delivery fast path.")
+    WORKFLOW_WAIT_CONTINUATION_MAX_DELAY_SECONDS: float = Field(
+        default=82800, gt=0, description="Longest timer hop; long sleeps go in hops."
+    )
+    WORKFLOW_NEAR_ELAPSED_WAIT_THRESHOLD_SECONDS: float = Field(
+        default=5, ge=0, description="Near-due re-arm window (at least 5 s)."
+    )
+    WORKFLOW_STEP_RETRY_DELAY_SECONDS: float = Field(
+        default=1.0, ge=0, description="Retry delay of a failed step without retry_after."
+    )
+
+    TREADLE_WORLD: str = Field(default="local:.treadle", description="The World to use.")
+    TREADLE_DEPLOYMENT_ID: str = Field(default="local", min_length=1)
+
+    @field_validator("WORKFLOW_MAX_INLINE_STEPS")
+    @classmethod
+    def _clamp_inline(cls, value: int) -> int:
+        return min(max(value, 0), 16)
+
+    @field_validator("WORKFLOW_SPEC_VERSION")
+    @classmethod
+    def _known_spec(cls, value: int | None) -> int | None:
+        if value is None:
+            return None
+        if value == constants.SPEC_VERSION_LEGACY:
+            raise ValueError(
+                "spec version 8 (the multi-writer format) is not supported yet; unset it or use 9"
+            )
+        if value != constants.SPEC_VERSION_SINGLE_ORCHESTRATOR:
+            raise ValueError("must be 9 (or unset)")
+        return value
+
+    @property
+    def spec_version(self) -> int:
+        return self.WORKFLOW_SPEC_VERSION or constants.SPEC_VERSION_SINGLE_ORCHESTRATOR
+
+
+def load(environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+    """Settings from ``environ`` (default: the process environment) and overrides."""
+    source = dict(os.environ if environ is None else environ)
+    values: dict[str, Any] = {k: v for k, v in source.items() if k in Settings.model_fields}
+    values = {k: (None if v.strip() == "" else v.strip()) for k, v in values.items()}
+    values = {k: v for k, v in values.items() if v is not None}
+    values.update(overrides)
+    try:
+        return Settings.model_validate(values)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc'])}={e.get('input')!r}: {e['msg']}"
+            for e in exc.errors()
+        )
+        raise errors.SettingsError(f"bad setting: {problems}") from None
