@@ -219,6 +219,10 @@ class Workflows:
                 if isinstance(self._world_arg, str | None):
                     self._world = await open_world(self._world_arg or self.settings.TREADLE_WORLD)
                 else:
+                    # A World handed in unopened (``LocalWorld(path)``) is opened here.
+                    opener = getattr(self._world_arg, "open", None)
+                    if opener is not None:
+                        await opener()
                     self._world = self._world_arg
                 wants = self._want_worker
                 if wants is None:

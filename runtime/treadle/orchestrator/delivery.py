@@ -423,7 +423,10 @@ class OrchestratorDelivery:
         progressed = False
         for step in reruns:
             attempt = step.starts + 1
-            max_retries = step.max_retries if step.max_retries is not None else 3
+            max_retries = step.max_retries
+            if max_retries is None:
+                fn = self.rt.steps.get(step.step_name)
+                max_retries = fn.max_retries if fn is not None else 0
             if attempt > max_retries + 1:
                 await self.session.write(
                     events.StepFailed(

@@ -1,0 +1,88 @@
+"""What every command shares: the usage error, JSON arguments, the World to use,
+and the plain client app for commands that load no user code.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+from typing import Any
+
+from treadle import settings
+from treadle.client import Workflows
+from treadle.sdk.functions import WorkflowFunction
+from treadle.world import ids
+
+# Exit codes.
+OK = 0
+FAILED = 1
+USAGE = 2
+INTERRUPTED = 130
+
+
+class UsageError(Exception):
+    """A mistake in what the user asked for: one line on stderr, exit 2."""
+
+
+def parse_json(text: str, option: str) -> Any:
+    """``text`` as JSON; a ``UsageError`` naming ``option`` and where the JSON breaks."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UsageError(
+            f"{option} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+        ) from None
+
+
+def parse_input(text: str | None) -> tuple[list[Any], dict[str, Any]]:
+    """``--input``: a JSON object of keyword arguments, or a JSON array of positional ones."""
+    if text is None:
+        return [], {}
+    value = parse_json(text, "--input")
+    if isinstance(value, dict):
+        return [], value
+    if isinstance(value, list):
+        return value, {}
+    raise UsageError(
+        "--input must be a JSON object (keyword arguments) or a JSON array "
+        f"(positional arguments), not {type(value).__name__} {text.strip()}"
+    )
+
+
+def check_arguments(
+    wf: WorkflowFunction[Any, Any], args: list[Any], kwargs: dict[str, Any]
+) -> None:
+    """Refuse arguments the workflow's signature cannot take, before anything is recorded."""
+    try:
+        signature = inspect.signature(wf.fn)
+    except (TypeError, ValueError):
+        return
+    try:
+        signature.bind(*args, **kwargs)
+    except TypeError as exc:
+        raise UsageError(f"workflow {wf.name} cannot take this --input: {exc}") from None
+
+
+def check_run_id(run_id: str) -> str:
+    if not ids.is_run_id(run_id):
+        raise UsageError(f"{run_id!r} is not a run id (expected wrun_ and 26 characters)")
+    return run_id
+
+
+def use_world(url: str | None) -> settings.Settings:
+    """Point ``TREADLE_WORLD`` at ``url`` (when given) and validate every setting now.
+
+    The environment is set before any user module is imported, so apps created
+    with a bare ``Workflows()`` open this World too.
+    """
+    if url is not None:
+        if not url.strip():
+            raise UsageError("--world must not be empty (for example local:.treadle)")
+        os.environ["TREADLE_WORLD"] = url
+    return settings.load()
+
+
+def client() -> Workflows:
+    """An app with no workflows and no worker: reads and writes the World only."""
+    return Workflows(worker=False)

@@ -1,0 +1,174 @@
+"""The commands that load user code: ``run``, ``start`` and ``worker``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
+import time
+
+from treadle.cli import common, output
+from treadle.cli.targets import load_app, load_target
+from treadle.client import Workflows
+from treadle.sdk import functions
+from treadle.world import contract, events, records
+
+# How long ``treadle run`` lets its in-process worker finish a delivery on the way out;
+# whatever is cut short is redelivered by the next worker on this World.
+RUN_CLOSE_GRACE_SECONDS = 2.0
+# Poll the log this often even with a live feed (the feed is best effort).
+FOLLOW_POLL_SECONDS = 1.0
+
+
+async def follow(
+    world: contract.World,
+    run_id: str,
+    progress: output.Progress,
+    deadline: float | None,
+) -> bool:
+    """Show the run's events in slot order until it ends; False when ``deadline`` passes."""
+    news = asyncio.Event()
+    sub = world.events.subscribe(run_id, 0, lambda _e: news.set(), lambda _exc: news.set())
+    after = 0
+    try:
+        while True:
+            news.clear()
+            while True:
+                page = await world.events.list(run_id, after_slot=after)
+                for event in page.events:
+                    progress.show(event)
+                    if event.type in events.RUN_TERMINAL_TYPES:
+                        return True
+                after = page.cursor if page.events else after
+                if not page.has_more:
+                    break
+            wait = FOLLOW_POLL_SECONDS
+            if deadline is not None:
+                wait = min(wait, deadline - time.monotonic())
+                if wait <= 0:
+                    return False
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(news.wait(), wait)
+    finally:
+        sub.close()
+
+
+def _report(args: argparse.Namespace, run: records.RunRecord) -> int:
+    """Print a finished run's output (stdout) or error (stderr); the exit code."""
+    if args.json:
+        data: dict[str, object] = {"run_id": run.run_id, "status": run.status}
+        if run.status == "completed":
+            data["output"] = run.output
+        else:
+            error = run.error or events.ErrorInfo(message="the run was cancelled", type="Cancelled")
+            data["error"] = output.error_dict(error)
+        output.emit_json(data)
+        return common.OK if run.status == "completed" else common.FAILED
+    if run.status == "completed":
+        output.out(output.json_text(run.output))
+        return common.OK
+    if run.status == "cancelled":
+        output.error_line(f"run {run.run_id} was cancelled")
+    else:
+        error = run.error or events.ErrorInfo(message="unknown error")
+        output.error_line(f"run {run.run_id} failed: {error.type}: {error.message}")
+    return common.FAILED
+
+
+async def cmd_run(args: argparse.Namespace) -> int:
+    """Start a run with an in-process worker, show its progress, print its outcome."""
+    if args.timeout is not None and args.timeout <= 0:
+        raise common.UsageError(
+            f"--timeout must be a positive number of seconds, not {args.timeout}"
+        )
+    common.use_world(args.world)
+    target = load_target(args.target)
+    call_args, call_kwargs = common.parse_input(args.input)
+    common.check_arguments(target.workflow, call_args, call_kwargs)
+    functions.encode_arguments(tuple(call_args), call_kwargs, f"workflow {target.name}")
+    progress = output.Progress(quiet=args.quiet)
+    deadline = None if args.timeout is None else time.monotonic() + args.timeout
+    app = target.app
+    run_id: str | None = None
+    try:
+        world = await app.world()  # on the local World this starts the in-process worker
+        run = await app.start(target.workflow, *call_args, **call_kwargs)
+        run_id = run.run_id
+        if not args.quiet:
+            output.err(f"run {run_id} ({target.name}) on {app.settings.TREADLE_WORLD}")
+        if not await follow(world, run_id, progress, deadline):
+            status = await run.status()
+            message = (
+                f"run {run_id} is still {status} after {args.timeout:g} s; it goes on "
+                f"(see: treadle runs get {run_id})"
+            )
+            if args.json:
+                output.emit_json(
+                    {
+                        "run_id": run_id,
+                        "status": status,
+                        "error": {"type": "Timeout", "message": message},
+                    }
+                )
+            output.error_line(message)
+            return common.FAILED
+        return _report(args, await run.get())
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        if run_id is not None:
+            output.error_line(f"interrupted; run {run_id} goes on (see: treadle runs get {run_id})")
+        return common.INTERRUPTED
+    finally:
+        await app.close(grace_seconds=RUN_CLOSE_GRACE_SECONDS)
+
+
+async def cmd_start(args: argparse.Namespace) -> int:
+    """Record a run and queue its start; a worker on this World executes it."""
+    common.use_world(args.world)
+    target = load_target(args.target)
+    call_args, call_kwargs = common.parse_input(args.input)
+    common.check_arguments(target.workflow, call_args, call_kwargs)
+    data = functions.encode_arguments(tuple(call_args), call_kwargs, f"workflow {target.name}")
+    client = common.client()
+    try:
+        run = await client.start_encoded(target.name, data)
+        record = await run.get()
+    finally:
+        await client.close()
+    if args.json:
+        output.emit_json({"run_id": run.run_id, "workflow": target.name, "status": record.status})
+    else:
+        output.out(run.run_id)
+    return common.OK
+
+
+async def cmd_worker(args: argparse.Namespace) -> int:
+    """Serve the World's queue with one app's workflows and steps until SIGINT or SIGTERM."""
+    if args.concurrency < 1:
+        raise common.UsageError(f"--concurrency must be at least 1, not {args.concurrency}")
+    if args.grace < 0:
+        raise common.UsageError(f"--grace must be 0 or more seconds, not {args.grace}")
+    common.use_world(args.world)
+    app, where = load_app(args.module)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        await app.serve(role=args.role, concurrency=args.concurrency)
+        names = ", ".join(sorted(app.workflows)) or "no workflows"
+        output.err(
+            f"treadle worker: serving {names} from {where} on {app.settings.TREADLE_WORLD} "
+            f"(role {args.role}, concurrency {args.concurrency}); Ctrl-C stops"
+        )
+        await stop.wait()
+        output.err("treadle worker: stopping")
+    finally:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(signum)
+        await _close(app, args.grace)
+    return common.OK
+
+
+async def _close(app: Workflows, grace: float) -> None:
+    await app.close(grace_seconds=grace)
