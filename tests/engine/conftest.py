@@ -25,10 +25,10 @@ MakeApp = Callable[..., Workflows]
 
 
 @pytest.fixture
-async def faulty(tmp_path: Path) -> AsyncIterator[FaultyWorld]:
+async def faulty(tmp_path: Path) -> FaultyWorld:
     """A fault-injecting wrapper around an open local World (closed by make_app's cleanup)."""
     inner = await LocalWorld(tmp_path / "world", tuning=TUNING).open()
-    yield FaultyWorld(inner)
+    return FaultyWorld(inner)
 
 
 @pytest.fixture

@@ -60,7 +60,7 @@ async def test_refused_on_every_pass_fails_at_the_delivery_cap(
 
     faulty.events.refuse_in_band(-1, when=lambda e: e.type != "run_failed")
     run = await app.start(flow)
-    with pytest.raises(RunFailedError, match="MAX_DELIVERIES_EXCEEDED|delivered 4 times"):
+    with pytest.raises(RunFailedError, match=r"MAX_DELIVERIES_EXCEEDED|delivered 4 times"):
         await run.result(timeout=20)
     answers = faulty.queue.orchestrator_answers()
     assert [a.meta.attempt for a in answers] == [1, 2, 3, 4]

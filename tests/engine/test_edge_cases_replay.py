@@ -132,7 +132,7 @@ async def test_replay_divergence_past_the_budget_is_a_corrupted_log(make_app: Ma
         return first + second
 
     run = await app.start(flow)
-    with pytest.raises(RunFailedError, match="position 2.*step b.*step c"):
+    with pytest.raises(RunFailedError, match=r"position 2.*step b.*step c"):
         await run.result(timeout=10)
     error = (await run.get()).error
     assert error is not None and error.type == "CorruptedEventLog"

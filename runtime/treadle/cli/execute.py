@@ -10,7 +10,6 @@ import time
 
 from treadle.cli import common, output
 from treadle.cli.targets import load_app, load_target
-from treadle.client import Workflows
 from treadle.sdk import functions
 from treadle.world import contract, events, records
 
@@ -166,9 +165,5 @@ async def cmd_worker(args: argparse.Namespace) -> int:
     finally:
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(signum)
-        await _close(app, args.grace)
+        await app.close(grace_seconds=args.grace)
     return common.OK
-
-
-async def _close(app: Workflows, grace: float) -> None:
-    await app.close(grace_seconds=grace)

@@ -1,0 +1,180 @@
+"""The commands that only read or write the World: ``runs``, ``inspect``, ``hooks``
+and ``settings``. They load no user code and start no worker.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+from pydantic_core import PydanticUndefined
+
+from treadle import errors, settings
+from treadle.cli import common, output
+from treadle.client import Workflows
+from treadle.world import records
+
+
+@asynccontextmanager
+async def _client(args: argparse.Namespace) -> AsyncIterator[Workflows]:
+    common.use_world(args.world)
+    app = common.client()
+    try:
+        yield app
+    finally:
+        await app.close()
+
+
+async def _existing(app: Workflows, run_id: str) -> records.RunRecord:
+    """The run's record; ``RunNotFound`` (exit 2) for an unknown id."""
+    world = await app.world()
+    return await world.runs.get(common.check_run_id(run_id))
+
+
+async def cmd_runs_list(args: argparse.Namespace) -> int:
+    if args.limit < 1:
+        raise common.UsageError(f"--limit must be at least 1, not {args.limit}")
+    async with _client(args) as app:
+        world = await app.world()
+        found: list[records.RunRecord] = []
+        cursor: str | None = None
+        while len(found) < args.limit:
+            page = await world.runs.list(
+                status=args.status,
+                workflow_name=args.workflow,
+                limit=min(args.limit - len(found), 100),
+                cursor=cursor,
+            )
+            found.extend(page.runs)
+            cursor = page.next_cursor
+            if cursor is None:
+                break
+    if args.json:
+        output.emit_json([output.run_dict(r) for r in found])
+        return common.OK
+    rows = [
+        [r.run_id, r.workflow_name, r.status, output.short_time(r.created_at),
+         output.short_time(r.updated_at)]
+        for r in found
+    ]  # fmt: skip
+    if rows:
+        output.table(["RUN ID", "WORKFLOW", "STATUS", "CREATED (UTC)", "UPDATED (UTC)"], rows)
+    else:
+        output.err("no runs")
+    return common.OK
+
+
+async def cmd_runs_get(args: argparse.Namespace) -> int:
+    async with _client(args) as app:
+        run = await _existing(app, args.run)
+    if args.json:
+        output.emit_json(output.run_dict(run))
+    else:
+        output.print_run(run)
+    return common.OK
+
+
+async def cmd_runs_cancel(args: argparse.Namespace) -> int:
+    async with _client(args) as app:
+        run = await _existing(app, args.run)
+        if run.is_terminal:
+            raise common.UsageError(f"run {run.run_id} is {run.status} already; nothing to cancel")
+        await app.get_run(run.run_id).cancel(reason=args.reason)
+        run = await _existing(app, run.run_id)
+    if args.json:
+        output.emit_json({"run_id": run.run_id, "status": run.status})
+    else:
+        output.out(f"run {run.run_id} {run.status}")
+    return common.OK
+
+
+async def cmd_runs_wake(args: argparse.Namespace) -> int:
+    async with _client(args) as app:
+        run = await _existing(app, args.run)
+        if run.is_terminal:
+            raise common.UsageError(f"run {run.run_id} is {run.status}; it has no sleeps to end")
+        asked = await app.get_run(run.run_id).wake_up()
+    if args.json:
+        output.emit_json({"run_id": run.run_id, "waits": asked})
+    else:
+        noun = "sleep" if asked == 1 else "sleeps"
+        output.out(f"run {run.run_id}: asked {asked} {noun} to end now")
+    return common.OK
+
+
+async def cmd_inspect(args: argparse.Namespace) -> int:
+    async with _client(args) as app:
+        run = await _existing(app, args.run)
+        timeline = await app.get_run(run.run_id).events()
+    if args.json:
+        data = output.run_dict(run)
+        data["events"] = [output.event_dict(e) for e in timeline]
+        output.emit_json(data)
+    else:
+        output.print_timeline(run, timeline)
+    return common.OK
+
+
+async def cmd_hooks_resume(args: argparse.Namespace) -> int:
+    payload = common.parse_json(args.payload, "--payload") if args.payload is not None else None
+    async with _client(args) as app:
+        run = await app.resume_hook(args.token, payload)
+    if args.json:
+        output.emit_json({"token": args.token, "run_id": run.run_id})
+    else:
+        output.out(f"hook {args.token!r} resumed run {run.run_id}")
+    return common.OK
+
+
+def _default(field: Any) -> Any:
+    if field.default is PydanticUndefined:
+        return None if field.default_factory is None else field.default_factory()
+    return field.default
+
+
+async def cmd_settings(args: argparse.Namespace) -> int:
+    current = common.use_world(args.world)
+    rows: list[dict[str, Any]] = []
+    for name, field in settings.Settings.model_fields.items():
+        rows.append(
+            {
+                "name": name,
+                "default": _default(field),
+                "value": getattr(current, name),
+                "from_environment": bool(os.environ.get(name, "").strip()),
+                "description": field.description or "",
+            }
+        )
+    if args.json:
+        output.emit_json(rows)
+        return common.OK
+    output.table(
+        ["SETTING", "DEFAULT", "CURRENT", "DESCRIPTION"],
+        [
+            [
+                r["name"],
+                output.json_text(r["default"]),
+                output.json_text(r["value"]) + (" (env)" if r["from_environment"] else ""),
+                r["description"],
+            ]
+            for r in rows
+        ],
+    )
+    return common.OK
+
+
+Command = Callable[[argparse.Namespace], Awaitable[int]]
+
+# The errors a user's request can meet in the World: each one line, exit 2.
+USER_ERRORS: tuple[type[BaseException], ...] = (
+    errors.SettingsError,
+    errors.SerializationError,
+    errors.WorkflowNotFound,
+    errors.RunNotFound,
+    errors.RunExpired,
+    errors.HookNotFound,
+    errors.StorageUnavailable,
+)
