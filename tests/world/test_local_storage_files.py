@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from treadle import errors
+from treadle.world import messages
 from treadle.worlds.local import LocalWorld
 from treadle.worlds.local.database import DATABASE_FILE, SCHEMA_VERSION
 
@@ -52,16 +53,29 @@ async def test_a_newer_schema_is_refused(tmp_path: Path) -> None:
         await LocalWorld(tmp_path / "w").open()
 
 
-async def test_a_second_holder_is_refused_while_the_first_is_open(tmp_path: Path) -> None:
-    """One process at a time: a second open gets StorageLocked naming the holder's pid."""
+async def test_a_second_consumer_is_refused_while_the_first_serves(tmp_path: Path) -> None:
+    """Many processes may open a World; one at a time consumes its queue (StorageLocked)."""
     first = await LocalWorld(tmp_path / "w").open()
+    second = await LocalWorld(tmp_path / "w").open()
     try:
-        with pytest.raises(errors.StorageLocked, match="in use by another process"):
-            await LocalWorld(tmp_path / "w").open()
+        consumer = await first.queue.consume({"step": _never})
+        with pytest.raises(errors.StorageLocked, match="being served by another process"):
+            await second.queue.consume({"step": _never})
+        run = await second.runs.create(
+            workflow_name="wf", input=None, deployment_id="d", spec_version=9
+        )
+        assert (await first.runs.get(run.run_id)).run_id == run.run_id
+        await consumer.close()
     finally:
         await first.close()
-    second = await LocalWorld(tmp_path / "w").open()
-    await second.close()
+    try:
+        await (await second.queue.consume({"step": _never})).close()
+    finally:
+        await second.close()
+
+
+async def _never(message: object, meta: object) -> messages.HandlerResult:
+    raise AssertionError("no message was sent")
 
 
 async def test_a_closed_world_refuses_calls(tmp_path: Path) -> None:

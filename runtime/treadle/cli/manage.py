@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 from pydantic_core import PydanticUndefined
 
-from treadle import errors, settings
+from treadle import settings
 from treadle.cli import common, output
 from treadle.client import Workflows
 from treadle.world import records
@@ -164,17 +164,3 @@ async def cmd_settings(args: argparse.Namespace) -> int:
         ],
     )
     return common.OK
-
-
-Command = Callable[[argparse.Namespace], Awaitable[int]]
-
-# The errors a user's request can meet in the World: each one line, exit 2.
-USER_ERRORS: tuple[type[BaseException], ...] = (
-    errors.SettingsError,
-    errors.SerializationError,
-    errors.WorkflowNotFound,
-    errors.RunNotFound,
-    errors.RunExpired,
-    errors.HookNotFound,
-    errors.StorageUnavailable,
-)

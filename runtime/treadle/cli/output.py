@@ -179,6 +179,12 @@ class Progress:
         match body:
             case events.RunStarted():
                 return "  started"
+            case events.RunCompleted():
+                return "  completed"
+            case events.RunFailed(error=error):
+                return f"  failed: {error.type}: {error.message}"
+            case events.RunCancelled(reason=reason):
+                return "  cancelled" + (f": {reason}" if reason else "")
             case events.StepStarted(attempt=attempt):
                 self._attempts[cid] = attempt
                 return None

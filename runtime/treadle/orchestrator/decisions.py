@@ -33,9 +33,8 @@ def steps_to_resend(state: LogState, *, now: datetime, recovery: bool) -> list[R
     re-sends started background steps without an outcome, with no age bound.
     """
     out: list[Resend] = []
-    for step in state.steps.values():
-        if step.outcome is not None:
-            continue
+    for step_id in state.open_background_steps | state.open_inline_steps:
+        step = state.steps[step_id]
         if not step.inline:
             unstarted = step.starts == 0 and now - step.created_at < RESEND_MAX_AGE
             if unstarted or recovery:
@@ -67,12 +66,9 @@ def near_due_waits(state: LogState, *, now_ms: int, window_ms: float) -> list[Wa
 def inline_to_rerun(state: LogState, running: set[str]) -> list[StepState]:
     """Inline steps a dead delivery started: a start, no outcome, not running here."""
     return [
-        s
-        for s in state.steps.values()
-        if s.inline
-        and s.outcome is None
-        and s.last_type == "step_started"
-        and s.step_id not in running
+        step
+        for step_id in state.open_inline_steps - running
+        if (step := state.steps[step_id]).last_type == "step_started"
     ]
 
 

@@ -57,6 +57,10 @@ class LogState:
     steps: dict[str, StepState] = field(default_factory=dict)
     waits: dict[str, WaitState] = field(default_factory=dict)
     open_hooks: set[str] = field(default_factory=set)
+    # Kept as the log is folded, so no per-pass question scans every step or wait.
+    open_wait_ids: set[str] = field(default_factory=set)
+    open_inline_steps: set[str] = field(default_factory=set)
+    open_background_steps: set[str] = field(default_factory=set)
     # Wake-ups not yet acted on: (slot written, the waits named or None for all).
     wake_requests: list[tuple[int, list[str] | None]] = field(default_factory=list)
 
@@ -73,6 +77,9 @@ class LogState:
                 self.terminal = self.terminal or e.type
                 self.open_hooks.clear()
             case events.StepCreated() as e:
+                if e.correlation_id not in self.steps:
+                    opened = self.open_inline_steps if e.inline else self.open_background_steps
+                    opened.add(e.correlation_id)
                 self.steps.setdefault(
                     e.correlation_id,
                     StepState(
@@ -87,6 +94,9 @@ class LogState:
                     ),
                 )
             case events.StepStarted() as e:
+                if e.correlation_id not in self.steps:
+                    opened = self.open_inline_steps if e.inline else self.open_background_steps
+                    opened.add(e.correlation_id)
                 started = self.steps.setdefault(
                     e.correlation_id,
                     StepState(
@@ -113,7 +123,11 @@ class LogState:
                 if step is not None and step.outcome is None:
                     step.outcome = e.type
                     step.last_type = e.type
+                    self.open_inline_steps.discard(e.correlation_id)
+                    self.open_background_steps.discard(e.correlation_id)
             case events.WaitCreated() as e:
+                if e.correlation_id not in self.waits:
+                    self.open_wait_ids.add(e.correlation_id)
                 self.waits.setdefault(
                     e.correlation_id,
                     WaitState(
@@ -127,6 +141,7 @@ class LogState:
                 wait = self.waits.get(e.correlation_id)
                 if wait is not None:
                     wait.completed = True
+                    self.open_wait_ids.discard(e.correlation_id)
             case events.HookCreated() as e:
                 self.open_hooks.add(e.correlation_id)
             case events.HookDisposed() as e:
@@ -137,7 +152,7 @@ class LogState:
                 pass
 
     def open_waits(self) -> list[WaitState]:
-        return [w for w in self.waits.values() if not w.completed]
+        return [self.waits[w] for w in self.open_wait_ids]
 
     def chain(self, creator_message_id: str | None) -> list[WaitState]:
         """A chain's open waits, earliest first."""
@@ -147,6 +162,8 @@ class LogState:
     def waits_woken(self) -> set[str]:
         """Open waits that a recorded wake-up asked to complete."""
         woken: set[str] = set()
+        if not self.wake_requests or not self.open_wait_ids:
+            return woken
         for slot, names in self.wake_requests:
             for wait in self.open_waits():
                 if (names is None and wait.slot < slot) or (names and wait.wait_id in names):
@@ -154,4 +171,4 @@ class LogState:
         return woken
 
     def has_open_background_step(self) -> bool:
-        return any(not s.inline and s.outcome is None for s in self.steps.values())
+        return bool(self.open_background_steps)

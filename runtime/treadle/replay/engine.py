@@ -140,6 +140,7 @@ class Replay:
         self._outcomes: dict[str, events.Event] = {}
         self._ops: dict[str, operations.Operation] = {}
         self._new: dict[str, operations.Operation] = {}
+        self._dispose_requested: list[operations.HookWait] = []
         context = contextvars.copy_context()
         context.run(CURRENT.set, self)
         self.main: asyncio.Task[Any] = self.loop.create_task(
@@ -272,13 +273,10 @@ class Replay:
             new.sort(key=lambda op: op.position)
             dispose = [
                 op
-                for op in self._ops.values()
-                if isinstance(op, operations.HookWait)
-                and op.dispose_requested
-                and op.recorded
-                and op.correlation_id not in self._disposed
-                and not op.disposed
+                for op in self._dispose_requested
+                if op.recorded and op.correlation_id not in self._disposed and not op.disposed
             ]
+            self._dispose_requested = [op for op in self._dispose_requested if not op.disposed]
             return Suspended(new=new, dispose=dispose)
 
     def _unreached(self) -> Diverged | None:
@@ -383,3 +381,4 @@ class Replay:
 
     def dispose_hook(self, op: operations.HookWait) -> None:
         op.dispose_requested = True
+        self._dispose_requested.append(op)

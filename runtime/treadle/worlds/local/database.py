@@ -2,10 +2,12 @@
 
 Every storage and queue operation is a plain function of a ``sqlite3.Connection``
 that ``Database.call`` runs on the database thread, one at a time, so nothing
-blocks the event loop and each operation is atomic with respect to every other
-(the in-band fence needs no more than that). The file is opened in WAL mode
-with ``synchronous=NORMAL``: a committed transaction survives the process being
-killed. A lock file keeps a second process off the same World.
+blocks the event loop. Each write is one ``BEGIN IMMEDIATE`` transaction, so it
+is atomic against every other writer, in this process or another (the in-band
+fence needs no more than that). The file is opened in WAL mode with
+``synchronous=NORMAL``: a committed transaction survives the process being
+killed. Any number of processes may open a World (the CLI beside a worker);
+only one at a time may consume its queue, which ``take_consumer_lock`` decides.
 
 Called by ``storage`` and ``queue``; opened by ``LocalWorld``.
 """
@@ -59,11 +61,11 @@ class Database:
     """A SQLite database served by one thread."""
 
     def __init__(
-        self, directory: Path, conn: sqlite3.Connection, lock: IO[str], executor: ThreadPoolExecutor
+        self, directory: Path, conn: sqlite3.Connection, executor: ThreadPoolExecutor
     ) -> None:
         self.directory = directory
         self._conn = conn
-        self._lock = lock
+        self._lock: IO[str] | None = None
         self._executor = executor
         self._closed = False
 
@@ -72,11 +74,18 @@ class Database:
         executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="treadle-sqlite")
         loop = asyncio.get_running_loop()
         try:
-            conn, lock = await loop.run_in_executor(executor, _open_sync, directory)
+            conn = await loop.run_in_executor(executor, _open_sync, directory)
         except BaseException:
             executor.shutdown(wait=False)
             raise
-        return cls(directory, conn, lock, executor)
+        return cls(directory, conn, executor)
+
+    async def take_consumer_lock(self) -> None:
+        """Become the one process that consumes this World's queue (``StorageLocked`` if not)."""
+        if self._lock is None:
+            loop = asyncio.get_running_loop()
+            path = self.directory / LOCK_FILE
+            self._lock = await loop.run_in_executor(self._executor, _take_lock, path)
 
     async def call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run ``fn(connection)`` on the database thread and return its result."""
@@ -96,10 +105,11 @@ class Database:
         self._closed = True
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._executor, _close_sync, self._conn, self._lock)
+        self._lock = None
         self._executor.shutdown(wait=True)
 
 
-def _open_sync(directory: Path) -> tuple[sqlite3.Connection, IO[str]]:
+def _open_sync(directory: Path) -> sqlite3.Connection:
     if directory.exists() and not directory.is_dir():
         raise errors.IncompatibleStorage(
             f"cannot open a local World at {directory}: it is a file, not a directory"
@@ -110,13 +120,7 @@ def _open_sync(directory: Path) -> tuple[sqlite3.Connection, IO[str]]:
         raise errors.StorageUnavailable(
             f"cannot create the local World directory {directory}: {exc.strerror}"
         ) from exc
-    lock = _take_lock(directory / LOCK_FILE)
-    try:
-        conn = _connect(directory / DATABASE_FILE)
-    except BaseException:
-        lock.close()
-        raise
-    return conn, lock
+    return _connect(directory / DATABASE_FILE)
 
 
 def _take_lock(path: Path) -> IO[str]:
@@ -128,8 +132,8 @@ def _take_lock(path: Path) -> IO[str]:
         holder = handle.read().strip() or "unknown"
         handle.close()
         raise errors.StorageLocked(
-            f"the local World at {path.parent} is in use by another process (pid {holder}); "
-            "a local World serves one process at a time"
+            f"the local World at {path.parent} is being served by another process "
+            f"(pid {holder}); one worker at a time consumes a local World's queue"
         ) from None
     handle.seek(0)
     handle.truncate()
@@ -188,8 +192,9 @@ def _create_schema(conn: sqlite3.Connection) -> None:
     log.debug("created local World schema v%d at %s", SCHEMA_VERSION, conn)
 
 
-def _close_sync(conn: sqlite3.Connection, lock: IO[str]) -> None:
+def _close_sync(conn: sqlite3.Connection, lock: IO[str] | None) -> None:
     try:
         conn.close()
     finally:
-        lock.close()
+        if lock is not None:
+            lock.close()

@@ -24,6 +24,8 @@ from treadle.worlds.local import queue
 
 log = logging.getLogger("treadle.worlds.local.dispatch")
 
+EXTERNAL_SEND_POLL_SECONDS = 0.25
+
 
 class LocalConsumer:
     def __init__(
@@ -92,9 +94,10 @@ class LocalConsumer:
                 )
                 self._running[task] = leased
                 task.add_done_callback(self._finished)
-            timeout: float | None = None
+            # Sends from other processes (the CLI beside a worker) do not wake us: look again.
+            timeout = EXTERNAL_SEND_POLL_SECONDS
             if claimed.next_due is not None:
-                timeout = max(claimed.next_due / 1e6 - time.time(), 0.0) + 0.001
+                timeout = min(max(claimed.next_due / 1e6 - time.time(), 0.0) + 0.001, timeout)
                 if not claimed.leased and len(self._running) >= self._concurrency:
                     timeout = max(timeout, tuning.lease_seconds / 3)
             with contextlib.suppress(TimeoutError):
@@ -155,7 +158,6 @@ class LocalConsumer:
                 leased=leased,
                 outcome=outcome,
                 covered=covered,
-                lines=self._queue.lines,
                 tuning=self._queue.tuning,
             )
         )

@@ -1,6 +1,8 @@
 """The local live feed: pushes a run's committed events to subscribers in slot order.
 
-Writers hand every committed event to ``Feed.publish`` right after the commit.
+Writers in this process hand every committed event to ``Feed.publish`` right
+after the commit; another process's writes are found by a tail read every half
+second.
 A subscription delivers contiguous slots at once; on a gap (an event it has not
 been handed, or events committed before it subscribed) it reads the missing
 slots from the log. Callbacks run on the event loop; an exception in one is
@@ -12,12 +14,15 @@ Called by ``storage.LocalEvents``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 
 from treadle.world import contract, events, records
 
 log = logging.getLogger("treadle.worlds.local.feed")
+
+EXTERNAL_WRITE_POLL_SECONDS = 0.5
 
 ListPage = Callable[[str, int], Awaitable[records.EventPage]]
 
@@ -77,7 +82,9 @@ class Subscription:
 
     async def _fill_gaps(self) -> None:
         while not self._closed:
-            await self._gap.wait()
+            # Writes from other processes are not published here: read the tail now and then.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._gap.wait(), EXTERNAL_WRITE_POLL_SECONDS)
             self._gap.clear()
             try:
                 while not self._closed:

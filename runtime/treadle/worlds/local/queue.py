@@ -31,14 +31,6 @@ from treadle.worlds.local.database import Database, now_us, transaction
 _US = 1_000_000
 
 
-@dataclass(slots=True)
-class LineCounters:
-    """Order among due messages: sends take the back, handoffs the front."""
-
-    back: int = 0
-    front: int = 0
-
-
 @dataclass(frozen=True, slots=True)
 class Leased:
     message_id: str
@@ -81,7 +73,7 @@ def _run_spec_version(conn: sqlite3.Connection, run_id: str) -> int | None:
 
 
 def send_many(
-    conn: sqlite3.Connection, sends: Sequence[tuple[messages.Send, str]], lines: LineCounters
+    conn: sqlite3.Connection, sends: Sequence[tuple[messages.Send, str]]
 ) -> list[messages.SendResult]:
     """Insert messages (payloads already encoded), deduplicating keyed sends."""
     now = now_us()
@@ -113,7 +105,7 @@ def send_many(
                 # Its run's delivery is in flight: the holder re-runs for it before it acks.
                 results.append(messages.SendResult(message_id=message_id))
                 continue
-            lines.back += 1
+            back = conn.execute("SELECT COALESCE(MAX(line), 0) + 1 FROM queue_messages")
             conn.execute(
                 "INSERT INTO queue_messages (message_id, kind, run_id, gate_run_id, "
                 "idempotency_key, payload, state, available_at, line, first_sent_at) "
@@ -126,7 +118,7 @@ def send_many(
                     send.key,
                     payload,
                     now + round(send.delay_seconds * _US),
-                    lines.back,
+                    back.fetchone()[0],
                     now,
                 ),
             )
@@ -223,7 +215,6 @@ def settle(
     leased: Leased,
     outcome: Outcome,
     covered: int,
-    lines: LineCounters,
     tuning: contract.QueueTuning,
 ) -> Settled:
     """Apply a handler's answer, if this delivery still holds its lease."""
@@ -248,12 +239,12 @@ def settle(
                 if leased.handoffs >= constants.MAX_LOCAL_HANDOFFS:
                     _ready(conn, mid, now)  # past the bound: an ordinary, counted reschedule
                 else:
-                    lines.front -= 1
+                    front = conn.execute("SELECT COALESCE(MIN(line), 0) - 1 FROM queue_messages")
                     conn.execute(
                         "UPDATE queue_messages SET state = 'ready', available_at = ?, line = ?, "
                         "handoffs = handoffs + 1, lease_token = NULL, coalesced = 0 "
                         "WHERE message_id = ?",
-                        (now, lines.front, mid),
+                        (now, front.fetchone()[0], mid),
                     )
             case Failed(error=error):
                 failures = leased.delivery_count - leased.handoffs
@@ -275,8 +266,8 @@ def abandon(conn: sqlite3.Connection, leased: Leased) -> None:
         )
 
 
-def recover(conn: sqlite3.Connection) -> LineCounters:
-    """At open: deliveries of a dead process are due again; old dedupe keys go."""
+def recover(conn: sqlite3.Connection) -> None:
+    """When a process becomes the consumer: a dead consumer's deliveries are due again."""
     now = now_us()
     with transaction(conn):
         conn.execute(
@@ -288,8 +279,6 @@ def recover(conn: sqlite3.Connection) -> LineCounters:
             "DELETE FROM queue_keys WHERE sent_at < ?",
             (now - constants.QUEUE_MIN_STEP_KEY_DEDUPE_WINDOW_MS * 1000,),
         )
-        low, high = conn.execute("SELECT MIN(line), MAX(line) FROM queue_messages").fetchone()
-    return LineCounters(back=max(high or 0, 0), front=min(low or 0, 0))
 
 
 def _ready(conn: sqlite3.Connection, message_id: str, available_at: int) -> None:
@@ -321,9 +310,9 @@ def _dead_letter(conn: sqlite3.Connection, leased: Leased, error: str, now: int)
 class LocalQueue:
     """Sends, and starts consumers (``dispatch.LocalConsumer``)."""
 
-    def __init__(self, db: Database, lines: LineCounters, tuning: contract.QueueTuning) -> None:
+    def __init__(self, db: Database, tuning: contract.QueueTuning) -> None:
         self.db = db
-        self.lines = lines
+        self._recovered = False
         self.tuning = tuning
         self.consumers: list[contract.Consumer] = []
         self._listeners: list[asyncio.Event] = []
@@ -353,7 +342,7 @@ class LocalQueue:
         prepared = [(send, _encode(send)) for send in sends]
         if not prepared:
             return []
-        results = await self.db.call(functools.partial(send_many, sends=prepared, lines=self.lines))
+        results = await self.db.call(functools.partial(send_many, sends=prepared))
         self._wake()
         return results
 
@@ -365,6 +354,10 @@ class LocalQueue:
     ) -> contract.Consumer:
         from treadle.worlds.local.dispatch import LocalConsumer
 
+        await self.db.take_consumer_lock()
+        if not self._recovered:
+            await self.db.call(recover)
+            self._recovered = True
         consumer = LocalConsumer(self, dict(handlers), concurrency)
         consumer.start()
         self.consumers.append(consumer)

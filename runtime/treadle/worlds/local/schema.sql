@@ -90,6 +90,7 @@ CREATE TABLE queue_messages (
 );
 CREATE INDEX queue_due ON queue_messages (state, available_at);
 CREATE INDEX queue_by_gate ON queue_messages (gate_run_id, state);
+CREATE INDEX queue_by_line ON queue_messages (line);
 
 -- Keyed sends: a key is held for the dedupe window after its first send.
 CREATE TABLE queue_keys (

@@ -33,18 +33,13 @@ class LocalWorld:
         if self._db is not None:
             return self
         db = await Database.open(self.path)
-        try:
-            lines = await db.call(queue.recover)
-        except BaseException:
-            await db.close()
-            raise
         self._db = db
         self.feed = Feed(self._list_page)
         self.runs: contract.Runs = storage.LocalRuns(db, self.feed)
         self.events: contract.Events = storage.LocalEvents(db, self.feed)
         self.steps: contract.Steps = storage.LocalSteps(db)
         self.hooks: contract.Hooks = storage.LocalHooks(db)
-        self.local_queue = queue.LocalQueue(db, lines, self.tuning)
+        self.local_queue = queue.LocalQueue(db, self.tuning)
         self.queue: contract.Queue = self.local_queue
         return self
 

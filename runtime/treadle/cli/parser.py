@@ -1,0 +1,126 @@
+"""The argument parser: every command, its options, and the function that runs it."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import NoReturn, get_args
+
+from treadle import __version__
+from treadle.cli import execute, manage
+from treadle.world import records
+
+TARGET_HELP = "path/to/file.py:WORKFLOW or package.module:WORKFLOW"
+
+
+class Parser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose usage errors are one line on stderr, exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        sys.stderr.write(f"treadle: error: {message} (see: {self.prog} --help)\n")
+        raise SystemExit(2)
+
+
+def _common(json_output: bool = True) -> Parser:
+    shared = Parser(add_help=False)
+    shared.add_argument(
+        "--world",
+        metavar="URL",
+        help="the World to use, e.g. local:PATH (default: $TREADLE_WORLD or local:.treadle)",
+    )
+    if json_output:
+        shared.add_argument("--json", action="store_true", help="print one JSON value on stdout")
+    return shared
+
+
+def build_parser() -> Parser:
+    parser = Parser(
+        prog="treadle",
+        description="Run, inspect and serve treadle durable workflows.",
+    )
+    parser.add_argument("--version", action="version", version=f"treadle {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    shared = [_common()]
+
+    run = commands.add_parser(
+        "run",
+        parents=shared,
+        help="start a run, execute it in this process and print its output",
+        description="Start a run with an in-process worker, show its steps as they finish "
+        "and print its output. Exit 0 when it completes, 1 when it fails, is cancelled "
+        "or outlives --timeout, 2 for a usage error.",
+    )
+    run.add_argument("target", metavar="TARGET", help=TARGET_HELP)
+    run.add_argument(
+        "--input", metavar="JSON", help="keyword arguments as a JSON object (or an array)"
+    )
+    run.add_argument("--timeout", type=float, metavar="S", help="give up waiting after S seconds")
+    run.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+    run.set_defaults(handler=execute.cmd_run)
+
+    worker = commands.add_parser(
+        "worker",
+        parents=[_common(json_output=False)],
+        help="serve the World's queue until stopped",
+        description="A long-running worker for one app's workflows and steps; "
+        "SIGINT or SIGTERM stops it.",
+    )
+    worker.add_argument(
+        "module", metavar="MODULE_OR_FILE", help="path/to/file.py or package.module (:APP)"
+    )
+    worker.add_argument("--role", choices=["all", "orchestrator", "steps"], default="all")
+    worker.add_argument("--concurrency", type=int, default=32, metavar="N")
+    worker.add_argument(
+        "--grace",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="on stop, let running deliveries finish for S seconds (default 30)",
+    )
+    worker.set_defaults(handler=execute.cmd_worker)
+
+    start = commands.add_parser(
+        "start", parents=shared, help="record a run for a worker to execute; print its id"
+    )
+    start.add_argument("target", metavar="TARGET", help=TARGET_HELP)
+    start.add_argument(
+        "--input", metavar="JSON", help="keyword arguments as a JSON object (or an array)"
+    )
+    start.set_defaults(handler=execute.cmd_start)
+
+    runs = commands.add_parser("runs", help="list, show, cancel or wake runs")
+    runs_commands = runs.add_subparsers(dest="runs_command", metavar="COMMAND", required=True)
+    listing = runs_commands.add_parser("list", parents=shared, help="runs, newest first")
+    listing.add_argument("--status", choices=sorted(get_args(records.RunStatus)))
+    listing.add_argument("--workflow", metavar="NAME")
+    listing.add_argument("--limit", type=int, default=100, metavar="N")
+    listing.set_defaults(handler=manage.cmd_runs_list)
+    get = runs_commands.add_parser("get", parents=shared, help="one run's status and outcome")
+    get.add_argument("run", metavar="RUN")
+    get.set_defaults(handler=manage.cmd_runs_get)
+    cancel = runs_commands.add_parser("cancel", parents=shared, help="cancel a run")
+    cancel.add_argument("run", metavar="RUN")
+    cancel.add_argument("--reason", metavar="TEXT")
+    cancel.set_defaults(handler=manage.cmd_runs_cancel)
+    wake = runs_commands.add_parser("wake", parents=shared, help="end a run's sleeps now")
+    wake.add_argument("run", metavar="RUN")
+    wake.set_defaults(handler=manage.cmd_runs_wake)
+
+    inspect = commands.add_parser("inspect", parents=shared, help="a run's event timeline")
+    inspect.add_argument("run", metavar="RUN")
+    inspect.set_defaults(handler=manage.cmd_inspect)
+
+    hooks = commands.add_parser("hooks", help="resume hooks")
+    hooks_commands = hooks.add_subparsers(dest="hooks_command", metavar="COMMAND", required=True)
+    resume = hooks_commands.add_parser(
+        "resume", parents=shared, help="send a payload to the hook holding TOKEN"
+    )
+    resume.add_argument("token", metavar="TOKEN")
+    resume.add_argument("--payload", metavar="JSON", help="the payload, as JSON (default null)")
+    resume.set_defaults(handler=manage.cmd_hooks_resume)
+
+    config = commands.add_parser(
+        "settings", parents=shared, help="every setting: default, current value, meaning"
+    )
+    config.set_defaults(handler=manage.cmd_settings)
+    return parser
