@@ -40,7 +40,7 @@ async def test_lease_stall_overlap_writes_nothing_twice(tmp_path: Path, make_app
     async def crunch() -> str:
         ran["crunch"] += 1
         if ran["crunch"] == 1:
-            time.sleep(1.5)  # noqa: ASYNC251 - the stall under test: the loop is blocked
+            time.sleep(1.5)  # the stall under test: the event loop is blocked
         return "crunched"
 
     @app.workflow
