@@ -47,6 +47,10 @@ class _Divergence(BaseException):
     """Unwinds workflow code at a diverging call; never seen by user code's ``except Exception``."""
 
 
+class _Closed(BaseException):
+    """Unwinds a discarded replay's ``finally:`` blocks at their first durable call."""
+
+
 @dataclass(frozen=True)
 class Completed:
     value: Any
@@ -95,6 +99,14 @@ class _Recorded:
         )
 
 
+def _name(op: operations.Operation) -> str:
+    if isinstance(op, operations.StepCall):
+        return op.step_name
+    if isinstance(op, operations.HookWait):
+        return op.token
+    return ""
+
+
 def _creation(event: events.Event) -> tuple[operations.Kind, str] | None:
     match event:
         case events.StepCreated(step_name=name, position=p) if p is not None:
@@ -139,6 +151,8 @@ class Replay:
         self._disposed: set[str] = set()
         self._outcomes: dict[str, events.Event] = {}
         self._ops: dict[str, operations.Operation] = {}
+        self._ops_by_position: dict[int, operations.Operation] = {}
+        self.closed = False
         self._new: dict[str, operations.Operation] = {}
         self._dispose_requested: list[operations.HookWait] = []
         context = contextvars.copy_context()
@@ -173,8 +187,13 @@ class Replay:
             cid = event.event.correlation_id
             assert cid is not None
             if position not in self._recorded:
-                self._recorded[position] = _Recorded(creation[0], creation[1], cid, event.slot)
+                recorded = _Recorded(creation[0], creation[1], cid, event.slot)
+                self._recorded[position] = recorded
                 self._max_recorded = max(self._max_recorded, position)
+                reached = self._ops_by_position.get(position)
+                if reached is not None and (reached.kind, _name(reached)) != creation:
+                    # Another writer recorded something else where the code already is.
+                    self.divergence = Diverged(position, recorded.describe(), reached.describe())
             op = self._new.pop(cid, None)
             if op is not None:
                 op.recorded = True
@@ -288,26 +307,45 @@ class Replay:
         return Diverged(position, recorded.describe(), f"the workflow {state} before it")
 
     def close(self) -> None:
-        """Discard the loop: close every task's coroutine so no ``finally`` runs later."""
-        for task in asyncio.all_tasks(self.loop):
-            coro = task.get_coro()
-            try:
-                coro.close()
-            except BaseException as exc:
-                log.debug("run %s: workflow task raised while closing: %r", self.run_id, exc)
+        """Discard the loop: close every task's coroutine now, so no ``finally`` runs later.
+
+        The replay stays current while the coroutines close, marked closed, so a durable
+        call in a ``finally:`` unwinds at once instead of running a step body for real.
+        """
+        self.closed = True
+        token = CURRENT.set(self)
+        outer = asyncio.events._get_running_loop()
+        asyncio.events._set_running_loop(self.loop)
+        try:
+            for task in asyncio.all_tasks(self.loop):
+                coro = task.get_coro()
+                try:
+                    coro.close()
+                except BaseException as exc:  # user code unwinding; the state is discarded
+                    log.debug("run %s: workflow task raised while closing: %r", self.run_id, exc)
+        finally:
+            asyncio.events._set_running_loop(outer)
+            CURRENT.reset(token)
         self.loop.close()
 
     # -- operations, called by the SDK from workflow code ------------------------
 
+    def _check_open(self) -> None:
+        if self.closed:
+            raise _Closed()
+
     def now(self) -> datetime:
+        self._check_open()
         self.position += 1
         return datetime.fromtimestamp(self.loop.time(), tz=UTC)
 
     def next_random(self) -> float:
+        self._check_open()
         self.position += 1
         return self.random.random()
 
     def next_uuid4(self) -> uuid.UUID:
+        self._check_open()
         self.position += 1
         return uuid.UUID(int=self.random.getrandbits(128), version=4)
 
@@ -322,11 +360,13 @@ class Replay:
         else:
             self._new[op.correlation_id] = op
         self._ops[op.correlation_id] = op
+        self._ops_by_position[op.position] = op
         outcome = self._outcomes.get(op.correlation_id)
         if outcome is not None:
             self._resolve(op, outcome)
 
     def _take_position(self, kind: operations.Kind) -> tuple[int, str]:
+        self._check_open()
         if self.divergence is not None:
             raise _Divergence()
         position = self.position
