@@ -35,6 +35,7 @@ from treadle.errors import (
 from treadle.sdk.context import StepMetadata, WorkflowMetadata, step_metadata, workflow_metadata
 from treadle.sdk.determinism import random, uuid4
 from treadle.sdk.hooks import Hook, HookHandle, create_hook
+from treadle.sdk.logging import workflow_logger
 from treadle.sdk.timing import now, sleep
 
 __version__ = "0.1.0"
@@ -63,5 +64,6 @@ __all__ = [
     "sleep",
     "step_metadata",
     "uuid4",
+    "workflow_logger",
     "workflow_metadata",
 ]

@@ -8,6 +8,7 @@ import contextlib
 import signal
 import time
 
+from treadle import errors
 from treadle.cli import common, output
 from treadle.cli.targets import load_app, load_target
 from treadle.sdk import functions
@@ -91,7 +92,12 @@ async def cmd_run(args: argparse.Namespace) -> int:
     app = target.app
     run_id: str | None = None
     try:
-        world = await app.world()  # on the local World this starts the in-process worker
+        try:
+            world = await app.world()  # on the local World this starts the in-process worker
+        except errors.StorageLocked as exc:
+            raise common.UsageError(
+                f"{exc}; stop it, or hand it the run with: treadle start {args.target}"
+            ) from None
         run = await app.start(target.workflow, *call_args, **call_kwargs)
         run_id = run.run_id
         if not args.quiet:

@@ -90,17 +90,17 @@ def run_dict(run: records.RunRecord) -> dict[str, Any]:
 def print_run(run: records.RunRecord) -> None:
     data = run_dict(run)
     for key in ("run_id", "workflow", "status", "deployment_id", "spec_version"):
-        out(f"{key + ':':<14}{data[key]}")
+        out(f"{key + ':':<15}{data[key]}")
     for key in ("created_at", "started_at", "completed_at", "updated_at"):
         if data[key] is not None:
-            out(f"{key + ':':<14}{data[key]}")
-    out(f"{'input:':<14}{json_text(run.input)}")
+            out(f"{key + ':':<15}{data[key]}")
+    out(f"{'input:':<15}{json_text(run.input)}")
     if run.status == "completed":
-        out(f"{'output:':<14}{json_text(run.output)}")
+        out(f"{'output:':<15}{json_text(run.output)}")
     if run.error is not None:
-        out(f"{'error:':<14}{run.error.type}: {run.error.message}")
+        out(f"{'error:':<15}{run.error.type}: {run.error.message}")
     if run.attributes:
-        out(f"{'attributes:':<14}{json_text(run.attributes)}")
+        out(f"{'attributes:':<15}{json_text(run.attributes)}")
 
 
 def step_name(event: events.LoggedEvent) -> str | None:
@@ -195,9 +195,9 @@ class Progress:
             case events.StepFailed(step_name=name, attempt=attempt, error=error):
                 return f"  [fail]  step {name} (attempt {attempt}): {error.type}: {error.message}"
             case events.WaitCreated(resume_at=resume_at):
-                return f"  [sleep] until {short_time(resume_at)} UTC"
+                return f"  [timer] due {short_time(resume_at)} UTC"
             case events.WaitCompleted():
-                return "  [wake]  sleep over"
+                return "  [timer] fired"
             case events.HookCreated(token=token):
                 return f"  [hook]  waiting on hook {token!r}"
             case events.HookReceived():

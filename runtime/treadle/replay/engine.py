@@ -206,6 +206,11 @@ class Replay:
             self._disposed.add(event.event.correlation_id)
 
     @property
+    def is_replaying(self) -> bool:
+        """The code has not yet reached every operation the log records."""
+        return self._max_recorded >= self.position
+
+    @property
     def walk_exhausted(self) -> bool:
         return self._walked >= len(self._fed)
 

@@ -1,0 +1,53 @@
+"""The public names, pinned (httpx's test_exported_members, in our words)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+import treadle
+from treadle import sleep, workflow_logger
+
+from .conftest import MakeApp
+
+PUBLIC = {
+    "CorruptedEventLog", "FatalError", "Hook", "HookConflictError", "HookHandle",
+    "NonDeterministicCall", "RetryableError", "Run", "RunCancelledError", "RunFailedError",
+    "SerializationError", "StepFailed", "StepMetadata", "TreadleError", "WorkflowMetadata",
+    "Workflows", "__version__", "create_hook", "now", "random", "sleep", "step_metadata",
+    "uuid4", "workflow_logger", "workflow_metadata",
+}  # fmt: skip
+
+
+def test_the_public_api_is_exactly_these_names() -> None:
+    """Adding or dropping a public name is a decision, so it fails this test first."""
+    assert set(treadle.__all__) == PUBLIC
+    for name in PUBLIC:
+        assert hasattr(treadle, name), name
+
+
+async def test_workflow_logger_is_silent_while_replaying(
+    make_app: MakeApp, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each line logs once, when the code first reaches it, not on every replay."""
+    app = make_app()
+    log = workflow_logger("treadle.test.workflow")
+
+    @app.step
+    async def noop(i: int) -> int:
+        return i
+
+    @app.workflow
+    async def flow() -> str:
+        log.info("before")
+        await noop(1)
+        await sleep(0.05)  # a second delivery replays "before" and the first step
+        log.info("after")
+        return "ok"
+
+    with caplog.at_level(logging.INFO, logger="treadle.test.workflow"):
+        run = await app.start(flow)
+        assert await run.result(timeout=10) == "ok"
+    lines = [r.getMessage() for r in caplog.records if r.name == "treadle.test.workflow"]
+    assert lines == ["before", "after"]
