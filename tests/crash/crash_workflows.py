@@ -1,0 +1,74 @@
+"""Workflows the kill -9 tests run in a ``treadle worker`` subprocess.
+
+Each step appends a line to the file named by ``TREADLE_TEST_EFFECTS`` (its
+side effect, which the test counts) and, on its first attempt, hangs so the
+test can kill the worker inside the body. With ``TREADLE_TEST_KILL_BEFORE_SEND``
+set, the worker kills itself with SIGKILL the first time it is about to send a
+step's message, which is right after that step's ``step_created`` committed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from pathlib import Path
+
+from treadle import StepFailed, Workflows, step_metadata
+from treadle.world import messages
+from treadle.worlds.local import queue as local_queue
+
+app = Workflows()
+
+
+def record(line: str) -> None:
+    with Path(os.environ["TREADLE_TEST_EFFECTS"]).open("a") as effects:
+        effects.write(line + "\n")
+        effects.flush()
+        os.fsync(effects.fileno())
+
+
+async def _body(name: str) -> str:
+    attempt = step_metadata().attempt
+    record(f"{name} start {attempt}")
+    if attempt == 1 and os.environ.get("TREADLE_TEST_HANG_FIRST_ATTEMPT"):
+        await asyncio.sleep(3600)
+    record(f"{name} done {attempt}")
+    return f"{name}:{attempt}"
+
+
+@app.step(max_retries=3)
+async def retried(name: str) -> str:
+    return await _body(name)
+
+
+@app.step(max_retries=0)
+async def at_most_once(name: str) -> str:
+    return await _body(name)
+
+
+@app.workflow
+async def one_step(name: str) -> str:
+    return await retried(name)
+
+
+@app.workflow
+async def one_step_at_most_once(name: str) -> str:
+    try:
+        return await at_most_once(name)
+    except StepFailed as exc:
+        return f"failed: {exc.error_type}"
+
+
+if os.environ.get("TREADLE_TEST_KILL_BEFORE_SEND"):
+    _send_batch = local_queue.LocalQueue.send_batch
+
+    async def _send_or_die(
+        self: local_queue.LocalQueue, sends: list[messages.Send]
+    ) -> list[messages.SendResult]:
+        if any(isinstance(s.message, messages.StepMessage) for s in sends):
+            record("killed before the step message was sent")
+            os.kill(os.getpid(), signal.SIGKILL)
+        return await _send_batch(self, sends)
+
+    local_queue.LocalQueue.send_batch = _send_or_die  # type: ignore[method-assign]

@@ -1,0 +1,144 @@
+"""kill -9 a ``treadle worker`` mid step and between a commit and its send; restart it.
+
+Seed 003 "world-local restart", "Crash between commit and dispatch" and
+"Inline maxRetries: 0 step after an orchestrator crash" (EDGE-CASES I1, B1,
+E1). Each test asserts the run completes and each step's side effect (a line
+its body appends to a file) happened exactly as the model promises: a step
+with retries runs again as attempt 2 after the crash; a max_retries=0 step
+never runs twice; a step whose message was never sent runs once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+WORKFLOWS = Path(__file__).with_name("crash_workflows.py")
+
+
+class Cluster:
+    """A local World directory and the treadle processes the test runs against it."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.world = f"local:{tmp_path / 'world'}"
+        self.effects = tmp_path / "effects.txt"
+        self.env = {**os.environ, "TREADLE_TEST_EFFECTS": str(self.effects),
+                    "TREADLE_WORLD": self.world}  # fmt: skip
+        self.workers: list[subprocess.Popen[bytes]] = []
+
+    def cli(self, *args: str) -> str:
+        result = subprocess.run(
+            [sys.executable, "-m", "treadle.cli", *args], env=self.env, capture_output=True,
+            text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
+    def start_worker(self, **extra_env: str) -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "treadle.cli", "worker", str(WORKFLOWS)],
+            env={**self.env, **extra_env},
+        )
+        self.workers.append(proc)
+        return proc
+
+    def lines(self) -> list[str]:
+        return self.effects.read_text().splitlines() if self.effects.exists() else []
+
+    def wait_for_line(self, line: str, proc: subprocess.Popen[bytes], timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while line not in self.lines():
+            assert time.monotonic() < deadline, f"never saw {line!r}; saw {self.lines()}"
+            assert proc.poll() is None or line in self.lines(), "the worker died early"
+            time.sleep(0.02)  # another process's file: nothing to await
+
+    def wait_for_run(self, run_id: str, timeout: float = 30) -> dict[str, object]:
+        deadline = time.monotonic() + timeout
+        while True:
+            run = json.loads(self.cli("runs", "get", run_id, "--json"))
+            if run["status"] in ("completed", "failed", "cancelled"):
+                return run
+            assert time.monotonic() < deadline, f"run still {run['status']}"
+            time.sleep(0.1)  # another process's progress: nothing to await
+
+    def stop(self) -> None:
+        for proc in self.workers:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Cluster:
+    c = Cluster(tmp_path)
+    yield c  # type: ignore[misc]
+    c.stop()
+
+
+def _start(cluster: Cluster, workflow: str, name: str) -> str:
+    return cluster.cli(
+        "start", f"{WORKFLOWS}:{workflow}", "--input", json.dumps({"name": name})
+    ).strip()
+
+
+def _kill(proc: subprocess.Popen[bytes]) -> None:
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+@pytest.mark.parametrize("where", ["inline", "background"])
+def test_sigkill_mid_step_runs_it_again_as_attempt_two(cluster: Cluster, where: str) -> None:
+    """The body was running when the worker died: the restarted worker runs it again."""
+    inline = "3" if where == "inline" else "0"
+    run_id = _start(cluster, "one_step", "s")
+    first = cluster.start_worker(
+        TREADLE_TEST_HANG_FIRST_ATTEMPT="1", WORKFLOW_MAX_INLINE_STEPS=inline
+    )
+    cluster.wait_for_line("s start 1", first)
+    _kill(first)
+    cluster.start_worker(WORKFLOW_MAX_INLINE_STEPS=inline)
+    run = cluster.wait_for_run(run_id)
+    assert run["status"] == "completed", run
+    assert run["output"] == "s:2"
+    assert cluster.lines() == ["s start 1", "s start 2", "s done 2"]
+
+
+@pytest.mark.parametrize("where", ["inline", "background"])
+def test_sigkill_mid_max_retries_0_step_never_runs_it_twice(cluster: Cluster, where: str) -> None:
+    """max_retries=0 is at most once per live owner: after the crash the step fails unrun."""
+    inline = "3" if where == "inline" else "0"
+    run_id = _start(cluster, "one_step_at_most_once", "z")
+    first = cluster.start_worker(
+        TREADLE_TEST_HANG_FIRST_ATTEMPT="1", WORKFLOW_MAX_INLINE_STEPS=inline
+    )
+    cluster.wait_for_line("z start 1", first)
+    _kill(first)
+    cluster.start_worker(WORKFLOW_MAX_INLINE_STEPS=inline)
+    run = cluster.wait_for_run(run_id)
+    assert run["status"] == "completed", run
+    assert run["output"] == "failed: StepAttemptsExhausted"
+    assert cluster.lines() == ["z start 1"]
+
+
+def test_sigkill_between_step_created_and_its_send(cluster: Cluster) -> None:
+    """B1 across a real crash: the redelivery (counted above 1) re-sends; the step runs once."""
+    run_id = _start(cluster, "one_step", "b")
+    first = cluster.start_worker(TREADLE_TEST_KILL_BEFORE_SEND="1", WORKFLOW_MAX_INLINE_STEPS="0")
+    first.wait(timeout=30)
+    assert first.returncode == -signal.SIGKILL
+    assert cluster.lines() == ["killed before the step message was sent"]
+    cluster.start_worker(WORKFLOW_MAX_INLINE_STEPS="0")
+    run = cluster.wait_for_run(run_id)
+    assert run["status"] == "completed", run
+    assert cluster.lines()[1:] == ["b start 1", "b done 1"]
