@@ -91,6 +91,10 @@ async def cmd_run(args: argparse.Namespace) -> int:
     deadline = None if args.timeout is None else time.monotonic() + args.timeout
     app = target.app
     run_id: str | None = None
+    loop = asyncio.get_running_loop()
+    main_task = asyncio.current_task()
+    if main_task is not None:  # SIGTERM stops the wait as Ctrl-C does
+        loop.add_signal_handler(signal.SIGTERM, main_task.cancel)
     try:
         try:
             world = await app.world()  # on the local World this starts the in-process worker
@@ -124,6 +128,7 @@ async def cmd_run(args: argparse.Namespace) -> int:
             output.error_line(f"interrupted; run {run_id} goes on (see: treadle runs get {run_id})")
         return common.INTERRUPTED
     finally:
+        loop.remove_signal_handler(signal.SIGTERM)
         await app.close(grace_seconds=RUN_CLOSE_GRACE_SECONDS)
 
 

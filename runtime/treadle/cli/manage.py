@@ -56,10 +56,15 @@ async def cmd_runs_list(args: argparse.Namespace) -> int:
         output.emit_json([output.run_dict(r) for r in found])
         return common.OK
     rows = [
-        [r.run_id, r.workflow_name, r.status, output.short_time(r.created_at),
-         output.short_time(r.updated_at)]
+        [
+            r.run_id,
+            r.workflow_name,
+            r.status,
+            output.short_time(r.created_at),
+            output.short_time(r.updated_at),
+        ]
         for r in found
-    ]  # fmt: skip
+    ]
     if rows:
         output.table(["RUN ID", "WORKFLOW", "STATUS", "CREATED (UTC)", "UPDATED (UTC)"], rows)
     else:

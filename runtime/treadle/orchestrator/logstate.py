@@ -77,37 +77,9 @@ class LogState:
                 self.terminal = self.terminal or e.type
                 self.open_hooks.clear()
             case events.StepCreated() as e:
-                if e.correlation_id not in self.steps:
-                    opened = self.open_inline_steps if e.inline else self.open_background_steps
-                    opened.add(e.correlation_id)
-                self.steps.setdefault(
-                    e.correlation_id,
-                    StepState(
-                        e.correlation_id,
-                        e.step_name,
-                        e.inline,
-                        at,
-                        e.input,
-                        e.max_retries,
-                        e.creator_message_id,
-                        last_type=e.type,
-                    ),
-                )
+                self._open_step(e, at, e.creator_message_id)
             case events.StepStarted() as e:
-                if e.correlation_id not in self.steps:
-                    opened = self.open_inline_steps if e.inline else self.open_background_steps
-                    opened.add(e.correlation_id)
-                started = self.steps.setdefault(
-                    e.correlation_id,
-                    StepState(
-                        e.correlation_id,
-                        e.step_name,
-                        e.inline,
-                        at,
-                        e.input,
-                        e.max_retries,
-                    ),
-                )
+                started = self._open_step(e, at, None)
                 if started.outcome is None:
                     started.starts += 1
                     started.last_type = e.type
@@ -150,6 +122,19 @@ class LogState:
                 self.wake_requests.append((logged.slot, e.waits))
             case _:
                 pass
+
+    def _open_step(
+        self, e: events.StepCreated | events.StepStarted, at: datetime, creator: str | None
+    ) -> StepState:
+        """The step a creation (or an inline step's first start) opens, once."""
+        step = self.steps.get(e.correlation_id)
+        if step is None:
+            opened = self.open_inline_steps if e.inline else self.open_background_steps
+            opened.add(e.correlation_id)
+            step = StepState(e.correlation_id, e.step_name, e.inline, at, e.input,
+                             e.max_retries, creator, last_type=e.type)  # fmt: skip
+            self.steps[e.correlation_id] = step
+        return step
 
     def open_waits(self) -> list[WaitState]:
         return [self.waits[w] for w in self.open_wait_ids]

@@ -3,7 +3,8 @@
 Workflow code runs again from the start on every delivery; a plain logger would
 repeat every line each time. ``workflow_logger()`` drops records made while the
 code has not yet reached every operation the log records (it is re-running
-history), so each line appears once, when the code first gets there. Outside a workflow it logs as usual.
+history), so each line appears once, when the code first gets there. Outside a
+workflow it logs as usual.
 """
 
 from __future__ import annotations

@@ -321,26 +321,44 @@ def _end_step(
     )
 
 
+@dataclass(frozen=True, slots=True)
+class WriteParams:
+    """How a write is made: by the orchestrator (in-band, fenced) or anyone else."""
+
+    in_band: bool
+    expected_seq_in_band: int | None = None
+    event_count: int | None = None
+    occurred_at: datetime | None = None
+
+    def created_at(self) -> int:
+        """An in-band write's ``occurred_at`` is stored as its time; else the World's clock."""
+        if self.in_band and self.occurred_at is not None:
+            return to_us(self.occurred_at)
+        return now_us()
+
+
+def _begin(conn: sqlite3.Connection, run_id: str, params: WriteParams) -> _Run:
+    """Inside the write's transaction: the run, then the fence, decided before anything."""
+    run = _load_run(conn, run_id)
+    _check_fence(
+        run,
+        in_band=params.in_band,
+        expected_seq_in_band=params.expected_seq_in_band,
+        event_count=params.event_count,
+    )
+    return run
+
+
 def append(
     conn: sqlite3.Connection,
     run_id: str,
     event: events.Event,
-    *,
-    in_band: bool,
-    expected_seq_in_band: int | None,
-    event_count: int | None,
-    occurred_at: datetime | None,
+    params: WriteParams,
     idempotency_key: str | None,
 ) -> Appended:
     """One event: fence, checks, slot, fold. Runs on the database thread."""
     with transaction(conn):
-        run = _load_run(conn, run_id)
-        _check_fence(
-            run,
-            in_band=in_band,
-            expected_seq_in_band=expected_seq_in_band,
-            event_count=event_count,
-        )
+        run = _begin(conn, run_id, params)
         if idempotency_key is not None:
             row = conn.execute(
                 f"SELECT {EVENT_COLUMNS} FROM events WHERE run_id = ? AND idempotency_key = ?",
@@ -349,25 +367,15 @@ def append(
             if row is not None:
                 return Appended(committed=[row_to_event(row)], allocated=0)
         stored = _admit(conn, run, event)
-        report, has_more = _report(conn, run, event_count if in_band else None)
-        at = to_us(occurred_at) if in_band and occurred_at is not None else now_us()
+        report, has_more = _report(conn, run, params.event_count if params.in_band else None)
         logged = _insert(
-            conn, run, stored, in_band=in_band, created_at=at, idempotency_key=idempotency_key
-        )
+            conn, run, stored, in_band=params.in_band, created_at=params.created_at(),
+            idempotency_key=idempotency_key,
+        )  # fmt: skip
         return Appended(committed=[logged], allocated=1, report=report, has_more=has_more)
 
 
-def append_batch(
-    conn: sqlite3.Connection,
-    run_id: str,
-    batch: Sequence[events.Event],
-    *,
-    in_band: bool,
-    expected_seq_in_band: int | None,
-    event_count: int | None,
-    occurred_at: datetime | None,
-) -> Appended:
-    """Step and wait events as one block under one fence check; not atomic per item."""
+def _check_batch(run_id: str, batch: Sequence[events.Event]) -> None:
     if not batch:
         raise errors.WorldContractError(
             f"run {run_id}: create_batch needs at least one event", run_id=run_id
@@ -385,16 +393,17 @@ def append_batch(
                 "step and wait events only",
                 run_id=run_id,
             )
+
+
+def append_batch(
+    conn: sqlite3.Connection, run_id: str, batch: Sequence[events.Event], params: WriteParams
+) -> Appended:
+    """Step and wait events as one block under one fence check; not atomic per item."""
+    _check_batch(run_id, batch)
     with transaction(conn):
-        run = _load_run(conn, run_id)
-        _check_fence(
-            run,
-            in_band=in_band,
-            expected_seq_in_band=expected_seq_in_band,
-            event_count=event_count,
-        )
-        report, has_more = _report(conn, run, event_count if in_band else None)
-        at = to_us(occurred_at) if in_band and occurred_at is not None else now_us()
+        run = _begin(conn, run_id, params)
+        report, has_more = _report(conn, run, params.event_count if params.in_band else None)
+        at = params.created_at()
         refused: set[str] = set()
         result = Appended(committed=[], allocated=0, report=report, has_more=has_more)
         for index, item in enumerate(batch):
@@ -411,7 +420,7 @@ def append_batch(
                 result.items.append(exc)
                 continue
             logged = _insert(
-                conn, run, stored, in_band=in_band, created_at=at, idempotency_key=None
+                conn, run, stored, in_band=params.in_band, created_at=at, idempotency_key=None
             )
             result.committed.append(logged)
             result.items.append(logged)

@@ -245,18 +245,13 @@ class LocalEvents:
         occurred_at: datetime | None = None,
         idempotency_key: str | None = None,
     ) -> records.EventResult:
+        params = eventlog.WriteParams(in_band, expected_seq_in_band, event_count, occurred_at)
         appended = await self._db.call(
             functools.partial(
-                eventlog.append,
-                run_id=run_id,
-                event=event,
-                in_band=in_band,
-                expected_seq_in_band=expected_seq_in_band,
-                event_count=event_count,
-                occurred_at=occurred_at,
+                eventlog.append, run_id=run_id, event=event, params=params,
                 idempotency_key=idempotency_key,
             )
-        )
+        )  # fmt: skip
         if appended.allocated:
             self._feed.publish(run_id, appended.committed)
         return records.EventResult(
@@ -276,15 +271,10 @@ class LocalEvents:
         event_count: int | None = None,
         occurred_at: datetime | None = None,
     ) -> records.BatchResult:
+        params = eventlog.WriteParams(in_band, expected_seq_in_band, event_count, occurred_at)
         appended = await self._db.call(
             functools.partial(
-                eventlog.append_batch,
-                run_id=run_id,
-                batch=list(batch),
-                in_band=in_band,
-                expected_seq_in_band=expected_seq_in_band,
-                event_count=event_count,
-                occurred_at=occurred_at,
+                eventlog.append_batch, run_id=run_id, batch=list(batch), params=params
             )
         )
         if appended.committed:
