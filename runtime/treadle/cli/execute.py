@@ -124,7 +124,9 @@ async def cmd_run(args: argparse.Namespace) -> int:
             return common.FAILED
         return _report(args, await run.get())
     except (KeyboardInterrupt, asyncio.CancelledError):
-        if run_id is not None:
+        if run_id is None:
+            output.error_line("interrupted")
+        else:
             output.error_line(f"interrupted; run {run_id} goes on (see: treadle runs get {run_id})")
         return common.INTERRUPTED
     finally:

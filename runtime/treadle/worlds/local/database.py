@@ -39,6 +39,7 @@ SCHEMA_VERSION = 1
 APPLICATION_ID = 0x7472646C
 DATABASE_FILE = "treadle.db"
 LOCK_FILE = "treadle.lock"
+INIT_LOCK_FILE = "treadle.init.lock"
 
 
 def now_us() -> int:
@@ -120,7 +121,10 @@ def _open_sync(directory: Path) -> sqlite3.Connection:
         raise errors.StorageUnavailable(
             f"cannot create the local World directory {directory}: {exc.strerror}"
         ) from exc
-    return _connect(directory / DATABASE_FILE)
+    # Two processes opening a new World at once must not both create its schema.
+    with open(directory / INIT_LOCK_FILE, "a") as init_lock:
+        fcntl.flock(init_lock.fileno(), fcntl.LOCK_EX)
+        return _connect(directory / DATABASE_FILE)
 
 
 def _take_lock(path: Path) -> IO[str]:

@@ -1,0 +1,86 @@
+"""``start``, ``runs list/get/cancel``, ``inspect`` and ``settings``: the World without a worker."""
+
+from __future__ import annotations
+
+import json
+
+from tests.cli.conftest import Cli
+
+EVENT_FIELDS = {
+    "slot",
+    "created_at",
+    "type",
+    "correlation_id",
+    "step_name",
+    "attempt",
+    "in_band",
+    "event",
+}
+
+
+def test_start_records_a_pending_run_that_can_be_listed_read_and_cancelled(cli: Cli) -> None:
+    started = cli.json("start", "flows.py:hi", "--input", '{"name": "queued"}')
+    run_id = started["run_id"]
+    assert started == {"run_id": run_id, "workflow": "hi", "status": "pending"}
+    assert cli("start", "flows.py:hi", "--input", '["plain"]').stdout.startswith("wrun_")
+
+    listed = cli.json("runs", "list", "--workflow", "hi", "--status", "pending")
+    assert [r["status"] for r in listed] == ["pending", "pending"]
+    assert listed[1]["run_id"] == run_id  # newest first
+    assert listed[1]["input"] == {"args": [], "kwargs": {"name": "queued"}}
+
+    shown = cli("runs", "get", run_id)
+    assert shown.returncode == 0, shown.stderr
+    assert f"run_id:        {run_id}" in shown.stdout
+    assert "status:        pending" in shown.stdout
+
+    cancelled = cli("runs", "cancel", run_id, "--reason", "changed my mind")
+    assert (cancelled.returncode, cancelled.stdout) == (0, f"run {run_id} cancelled\n")
+    assert cli.json("runs", "get", run_id)["status"] == "cancelled"
+    assert cli.json("runs", "list", "--status", "cancelled")[0]["run_id"] == run_id
+
+
+def test_inspect_shows_the_timeline(cli: Cli) -> None:
+    run_id = cli.json("run", "flows.py:hi", "--input", '{"name": "ann"}')["run_id"]
+    data = cli.json("inspect", run_id)
+    assert (data["run_id"], data["status"], data["output"]) == (run_id, "completed", "hi ann")
+    timeline = data["events"]
+    assert all(set(e) == EVENT_FIELDS for e in timeline)
+    assert [e["slot"] for e in timeline] == list(range(1, len(timeline) + 1))
+    assert [e["type"] for e in timeline] == [
+        "run_created",
+        "run_started",
+        "step_started",
+        "step_completed",
+        "run_completed",
+    ]
+    started, completed = timeline[2], timeline[3]
+    assert (started["step_name"], started["attempt"], started["in_band"]) == ("greet", 1, True)
+    assert completed["correlation_id"] == started["correlation_id"] is not None
+    assert completed["event"]["result"] == "hi ann"
+    assert timeline[0]["created_at"].endswith("Z")
+
+    table = cli("inspect", run_id)
+    assert table.returncode == 0
+    header, *rows = table.stdout.splitlines()[1:]
+    assert " ".join(header.split()) == "SLOT TIME (UTC) TYPE CORRELATION ID STEP ATTEMPT BAND"
+    assert rows[2].split()[3:8] == ["step_started", started["correlation_id"], "greet", "1", "in"]
+
+
+def test_settings_lists_every_setting(cli: Cli) -> None:
+    result = cli(
+        "settings", "--json", "--world", "local:elsewhere", env={"WORKFLOW_MAX_INLINE_STEPS": "5"}
+    )
+    assert result.returncode == 0, result.stderr
+    rows = {row["name"]: row for row in json.loads(result.stdout)}
+    assert "WORKFLOW_STEP_RETRY_DELAY_SECONDS" in rows
+    assert "TREADLE_DEPLOYMENT_ID" in rows
+    inline = rows["WORKFLOW_MAX_INLINE_STEPS"]
+    assert (inline["default"], inline["value"], inline["from_environment"]) == (3, 5, True)
+    assert "inline" in inline["description"]
+    assert rows["TREADLE_WORLD"]["value"] == "local:elsewhere"
+    assert rows["TREADLE_WORLD"]["default"] == "local:.treadle"
+    assert all(
+        set(row) == {"name", "default", "value", "from_environment", "description"}
+        for row in rows.values()
+    )
