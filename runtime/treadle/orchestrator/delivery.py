@@ -87,6 +87,14 @@ class OrchestratorDelivery:
         state = self.session.state
         if state.terminal is not None:
             return messages.ACK
+        if state.spec_version not in constants.SUPPORTED_SPEC_VERSIONS:
+            # Another release's run format: leave it, untouched, for a worker that has it.
+            log.error(
+                "run %s: spec version %s is not supported by this worker; leaving it",
+                self.run_id,
+                state.spec_version,
+            )
+            return messages.Redeliver(constants.MAX_REDELIVER_SECONDS)
         cap = self.settings.WORKFLOW_MAX_QUEUE_DELIVERIES
         if self.meta.attempt > cap:
             await self.session.fail_out_of_band(
@@ -110,14 +118,34 @@ class OrchestratorDelivery:
                 )
             )
             return messages.ACK
+        if self.meta.delivery_count > 1 or self.message.recovery:
+            await self._resend_steps()
+        if self._nothing_new():
+            return messages.ACK
         self.session.start_replay(workflow)
         if not state.started:
             await self.session.write(events.RunStarted())
         self.session.subscribe()
-        if self.meta.delivery_count > 1 or self.message.recovery:
-            await self._resend_steps()
         await self._arm_owned_chains()
         return await self._passes()
+
+    def _nothing_new(self) -> bool:
+        """A plain wake (a coalesced re-run, say) finding the log where this process left it,
+        with no wait due: after the re-send pass, nothing to replay."""
+        message = self.message
+        plain = (
+            message.run_input is None
+            and message.wait_continuation is None
+            and not message.complete_waits
+            and not message.recovery
+        )
+        state = self.session.state
+        return (
+            plain
+            and self.rt.consumed.get(self.run_id) == self.session.tail
+            and not state.waits_woken()
+            and not decisions.due_waits(state, now_ms=_now_ms(), woken=set())
+        )
 
     async def _load(self) -> bool:
         """Load the log (or synthesize it under turbo); False when the run does not exist."""
@@ -540,6 +568,9 @@ class OrchestratorDelivery:
 
     async def _resend_steps(self) -> None:
         """The re-send rule, once per invocation: steps whose first send may be lost."""
+        invocation = (self.meta.message_id, self.meta.invocation_started_at)
+        if not self.rt.resent_invocations.first_time(f"{invocation}"):
+            return  # an earlier re-run of this invocation re-sent them
         resends = decisions.steps_to_resend(
             self.session.state, now=datetime.now(UTC), recovery=self.message.recovery
         )

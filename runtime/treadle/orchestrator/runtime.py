@@ -41,6 +41,8 @@ class Runtime:
     # The slot this process last consumed per run (the no-op wake fast path).
     consumed: dict[str, int] = field(default_factory=dict)
     near_due_sent: RecentKeys = field(default_factory=RecentKeys)
+    # Invocations (message, start) whose re-send pass ran: once per invocation.
+    resent_invocations: RecentKeys = field(default_factory=RecentKeys)
 
     def wake_message(self, run_id: str, deployment_id: str | None) -> messages.OrchestratorMessage:
         return messages.OrchestratorMessage(
