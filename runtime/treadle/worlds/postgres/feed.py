@@ -1,0 +1,273 @@
+"""The Postgres live feed: LISTEN/NOTIFY pushes a run's committed events in slot order.
+
+Every committed event NOTIFYs ``treadle_events`` with ``run_id:slot`` (from the
+append functions, so every writer's events are announced, in any process).
+A ``Feed`` holds one dedicated listener connection per World, opened when the
+first subscription is made. A subscription first reads what was committed
+before it subscribed (after the listener is in place, so nothing falls between
+the two), then reads the missing slots whenever a notification names a slot
+past its cursor, and delivers in slot order. Writes made through this World are
+also offered at once, without waiting for their notification.
+
+The listener connection is checked every ``HEARTBEAT_SECONDS``; when it is lost
+(the server ended it, the network dropped) every subscription hears
+``StorageUnavailable`` through ``on_error`` and is closed, and the next
+``subscribe`` opens a new listener. Callbacks run on the event loop; an
+exception in ``on_event`` is passed to ``on_error`` and delivery goes on.
+
+Called by ``storage.PostgresEvents``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
+
+import asyncpg
+
+from treadle import errors
+from treadle.world import contract, events, records
+from treadle.worlds.postgres.database import DRIVER_ERRORS, describe, map_error
+
+log = logging.getLogger("treadle.worlds.postgres.feed")
+
+CHANNEL = "treadle_events"
+LISTENER_APPLICATION_NAME = "treadle-listener"
+HEARTBEAT_SECONDS = 15.0
+HEARTBEAT_TIMEOUT_SECONDS = 10.0
+
+ListPage = Callable[[str, int], Awaitable[records.EventPage]]
+
+
+class Subscription:
+    def __init__(
+        self,
+        feed: Feed,
+        run_id: str,
+        after_slot: int,
+        on_event: contract.EventCallback,
+        on_error: contract.ErrorCallback,
+    ) -> None:
+        self._feed = feed
+        self.run_id = run_id
+        self.cursor = after_slot
+        self._on_event = on_event
+        self._on_error = on_error
+        self._pending: dict[int, events.LoggedEvent] = {}
+        self._news = asyncio.Event()
+        self._news.set()  # read what was committed before we subscribed
+        self.closed = False
+        self._task = asyncio.get_running_loop().create_task(
+            self._follow(), name=f"treadle-pg-feed-{run_id}"
+        )
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self._feed.remove(self)
+        self._task.cancel()
+
+    def notified(self, slot: int) -> None:
+        if slot > self.cursor:
+            self._news.set()
+
+    def offer(self, committed: Iterable[events.LoggedEvent]) -> None:
+        for event in committed:
+            if event.slot > self.cursor:
+                self._pending[event.slot] = event
+        self._drain()
+        if self._pending:
+            self._news.set()
+
+    def fail(self, exc: BaseException) -> None:
+        """The feed is gone: report it once and stop."""
+        if self.closed:
+            return
+        self.close()
+        self._on_error(exc)
+
+    def _drain(self) -> None:
+        while not self.closed and (event := self._pending.pop(self.cursor + 1, None)):
+            self._deliver(event)
+        for slot in [s for s in self._pending if s <= self.cursor]:
+            del self._pending[slot]
+
+    def _deliver(self, event: events.LoggedEvent) -> None:
+        self.cursor = event.slot
+        try:
+            self._on_event(event)
+        except Exception as exc:  # a subscriber's bug must not stop the feed
+            log.warning(
+                "run %s: feed subscriber failed on slot %d: %s", self.run_id, event.slot, exc
+            )
+            self._on_error(exc)
+
+    async def _follow(self) -> None:
+        try:
+            await self._feed.listening()
+            while not self.closed:
+                await self._news.wait()
+                self._news.clear()
+                await self._read_missing()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.warning("run %s: feed failed: %s", self.run_id, exc)
+            self.fail(exc)
+
+    async def _read_missing(self) -> None:
+        while not self.closed:
+            page = await self._feed.list_page(self.run_id, self.cursor)
+            for event in page.events:
+                if event.slot == self.cursor + 1 and not self.closed:
+                    self._deliver(event)
+            self._drain()
+            if not page.has_more:
+                return
+
+
+def _retrieve(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
+class Feed:
+    """Subscriptions by run, fed by one LISTEN connection."""
+
+    def __init__(self, dsn: str, list_page: ListPage) -> None:
+        self._dsn = dsn
+        self.list_page = list_page
+        self._by_run: dict[str, list[Subscription]] = {}
+        self._listener: asyncio.Task[Any] | None = None
+        self._conn: Any = None
+        self._heartbeat: asyncio.Task[None] | None = None
+        self._closed = False
+
+    def subscribe(
+        self,
+        run_id: str,
+        after_slot: int,
+        on_event: contract.EventCallback,
+        on_error: contract.ErrorCallback,
+    ) -> Subscription:
+        if self._closed:
+            raise errors.StorageUnavailable(f"the live feed of {describe(self._dsn)} is closed")
+        sub = Subscription(self, run_id, after_slot, on_event, on_error)
+        self._by_run.setdefault(run_id, []).append(sub)
+        return sub
+
+    def remove(self, sub: Subscription) -> None:
+        subs = self._by_run.get(sub.run_id)
+        if subs and sub in subs:
+            subs.remove(sub)
+            if not subs:
+                del self._by_run[sub.run_id]
+
+    def publish(self, run_id: str, committed: list[events.LoggedEvent]) -> None:
+        """Offer events this World committed, ahead of their notifications."""
+        for sub in list(self._by_run.get(run_id, ())):
+            sub.offer(committed)
+
+    @property
+    def listener_pid(self) -> int | None:
+        """The server process of the LISTEN connection, when one is open."""
+        return None if self._conn is None else int(self._conn.get_server_pid())
+
+    async def listening(self) -> None:
+        """Return once the LISTEN connection is open (opening it if needed)."""
+        if self._listener is None:
+            self._listener = asyncio.get_running_loop().create_task(
+                self._listen(), name="treadle-pg-listener"
+            )
+            # Its failure is reported to the subscriptions awaiting it, never left unread.
+            self._listener.add_done_callback(_retrieve)
+        await asyncio.shield(self._listener)
+
+    async def _listen(self) -> None:
+        try:
+            conn = await asyncpg.connect(
+                self._dsn, server_settings={"application_name": LISTENER_APPLICATION_NAME}
+            )
+        except DRIVER_ERRORS as exc:
+            self._listener = None  # the next subscription tries again
+            raise map_error(exc, f"the live feed cannot connect to {describe(self._dsn)}") from exc
+        try:
+            conn.add_termination_listener(self._on_terminated)
+            await conn.add_listener(CHANNEL, self._on_notify)
+            if self._closed:
+                raise errors.StorageUnavailable("the live feed was closed while it connected")
+        except BaseException as exc:
+            self._listener = None
+            conn.terminate()
+            if isinstance(exc, DRIVER_ERRORS):
+                where = describe(self._dsn)
+                raise map_error(exc, f"the live feed cannot LISTEN on {where}") from exc
+            raise
+        self._conn = conn
+        self._heartbeat = asyncio.get_running_loop().create_task(
+            self._check(conn), name="treadle-pg-listener-heartbeat"
+        )
+
+    def _on_notify(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
+        run_id, _, slot = payload.rpartition(":")
+        subs = self._by_run.get(run_id)
+        if not subs or not slot.isdigit():
+            return
+        for sub in list(subs):
+            sub.notified(int(slot))
+
+    def _on_terminated(self, conn: object) -> None:
+        if conn is self._conn:
+            where = describe(self._dsn)
+            self._lost(
+                errors.StorageUnavailable(f"the live feed's LISTEN connection to {where} was lost")
+            )
+
+    async def _check(self, conn: Any) -> None:
+        """Notice a listener connection that died without telling us."""
+        while conn is self._conn:
+            await asyncio.sleep(HEARTBEAT_SECONDS)
+            if conn is not self._conn:
+                return
+            try:
+                await conn.execute("SELECT 1", timeout=HEARTBEAT_TIMEOUT_SECONDS)
+            except DRIVER_ERRORS as exc:
+                if conn is self._conn:
+                    self._lost(map_error(exc, "the live feed's LISTEN connection failed"))
+                    conn.terminate()
+                return
+
+    def _lost(self, exc: errors.WorldError) -> None:
+        log.warning("%s", exc)
+        self._conn = None
+        self._listener = None
+        if self._heartbeat is not None and self._heartbeat is not asyncio.current_task():
+            self._heartbeat.cancel()
+        self._heartbeat = None
+        for subs in list(self._by_run.values()):
+            for sub in list(subs):
+                sub.fail(exc)
+
+    async def close(self) -> None:
+        self._closed = True
+        for subs in list(self._by_run.values()):
+            for sub in list(subs):
+                sub.close()
+        listener, self._listener = self._listener, None
+        if listener is not None and not listener.done():
+            listener.cancel()
+            with contextlib.suppress(BaseException):
+                await listener
+        heartbeat, self._heartbeat = self._heartbeat, None
+        if heartbeat is not None:
+            heartbeat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await heartbeat
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(*DRIVER_ERRORS):
+                await conn.close(timeout=5)

@@ -1,0 +1,297 @@
+"""The Postgres World's storage half: runs, events, steps and hooks on asyncpg.
+
+``await PostgresStorage.connect(dsn)`` opens a pool on a database that
+``treadle migrate`` brought to this treadle's schema (``IncompatibleStorage``
+otherwise) and offers ``runs``, ``events``, ``steps`` and ``hooks`` as the World
+contract has them (``treadle.world.contract``). Every call is one statement:
+writes call the append functions of ``migrations/0001_init.sql`` (see
+``append``), reads are single queries, so a page's snapshot and its events come
+from one consistent state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime, timedelta
+
+from pydantic import JsonValue
+
+from treadle import errors
+from treadle.world import contract, events, ids, records
+from treadle.worlds.postgres import append, migrate, rows
+from treadle.worlds.postgres.database import DEFAULT_POOL_SIZE, Database
+from treadle.worlds.postgres.feed import Feed, Subscription
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+_CREATE_RUN_SQL = "SELECT * FROM treadle_create_run($1, $2::jsonb)"
+_GET_RUN_SQL = f"SELECT {rows.RUN_COLUMNS} FROM treadle_runs WHERE run_id = $1"
+# The counters and the page in one statement: one snapshot for both.
+_LIST_EVENTS_SQL = f"""
+SELECT r.seq, r.seq_in_band, e.slot, e.created_at, e.in_band, e.data
+FROM treadle_runs r
+LEFT JOIN LATERAL (
+    SELECT {rows.EVENT_COLUMNS} FROM treadle_events
+    WHERE run_id = r.run_id AND slot > $2 ORDER BY slot LIMIT $3
+) e ON true
+WHERE r.run_id = $1
+ORDER BY e.slot
+"""
+_LIST_STEPS_SQL = f"""
+SELECT r.run_id, {", ".join(f"s.{c.strip()}" for c in rows.STEP_COLUMNS.split(",")[1:])}
+FROM treadle_runs r LEFT JOIN treadle_steps s ON s.run_id = r.run_id
+WHERE r.run_id = $1
+ORDER BY s.created_at, s.step_id
+"""
+_GET_STEP_SQL = f"SELECT {rows.STEP_COLUMNS} FROM treadle_steps WHERE run_id = $1 AND step_id = $2"
+_GET_HOOK_SQL = (
+    "SELECT token, run_id, hook_id, created_at, metadata FROM treadle_hooks WHERE token = $1"
+)
+
+
+class PostgresRuns:
+    def __init__(self, db: Database, feed: Feed) -> None:
+        self._db = db
+        self._feed = feed
+
+    async def create(
+        self,
+        *,
+        workflow_name: str,
+        input: JsonValue,
+        deployment_id: str,
+        spec_version: int,
+        run_id: str | None = None,
+        attributes: Mapping[str, JsonValue] | None = None,
+    ) -> records.RunRecord:
+        if run_id is not None and not ids.is_run_id(run_id):
+            raise errors.WorldContractError(
+                f"{run_id!r} is not a run id (expected wrun_ and a ULID)", run_id=run_id
+            )
+        rid = run_id or ids.new_run_id()
+        created = events.RunCreated(
+            workflow_name=workflow_name,
+            input=input,
+            deployment_id=deployment_id,
+            spec_version=spec_version,
+            attributes=dict(attributes or {}),
+        )
+        row = await self._db.fetchrow(_CREATE_RUN_SQL, rid, created.model_dump_json())
+        if row is None:
+            raise errors.StorageUnavailable(f"run {rid}: treadle_create_run returned nothing")
+        run = rows.run_record(row, offset=2)
+        if row[0]:
+            first = events.LoggedEvent(
+                run_id=rid, slot=1, created_at=run.created_at, in_band=True, event=created
+            )
+            self._feed.publish(rid, [first])
+            return run
+        held = events.parse_event(row[1])
+        assert isinstance(held, events.RunCreated)
+        if (held.workflow_name, held.input, held.deployment_id) != (
+            workflow_name,
+            input,
+            deployment_id,
+        ):
+            raise errors.WorldContractError(
+                f"run {rid} exists already with another workflow, input or "
+                "deployment; a run id names one run",
+                run_id=rid,
+            )
+        return run
+
+    async def get(self, run_id: str) -> records.RunRecord:
+        row = await self._db.fetchrow(_GET_RUN_SQL, run_id)
+        if row is None:
+            raise errors.RunNotFound(run_id)
+        return rows.run_record(row)
+
+    async def list(
+        self,
+        *,
+        status: records.RunStatus | None = None,
+        workflow_name: str | None = None,
+        deployment_id: str | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> records.RunPage:
+        if limit < 1:
+            raise errors.WorldContractError(f"runs.list needs limit >= 1, got {limit}")
+        where: list[str] = []
+        params: list[object] = []
+        for column, value in (
+            ("status", status),
+            ("workflow_name", workflow_name),
+            ("deployment_id", deployment_id),
+        ):
+            if value is not None:
+                params.append(value)
+                where.append(f"{column} = ${len(params)}")
+        if cursor is not None:
+            created_s, _, last_id = cursor.partition(":")
+            if not created_s.isdigit() or not last_id:
+                raise errors.WorldContractError(f"runs.list cursor {cursor!r} is not valid")
+            params += [_EPOCH + timedelta(microseconds=int(created_s)), last_id]
+            where.append(f"(created_at, run_id) < (${len(params) - 1}, ${len(params)})")
+        clause = f"WHERE {' AND '.join(where)}" if where else ""
+        params.append(limit + 1)
+        found = await self._db.fetch(
+            f"SELECT {rows.RUN_COLUMNS} FROM treadle_runs {clause} "
+            f"ORDER BY created_at DESC, run_id DESC LIMIT ${len(params)}",
+            *params,
+        )
+        runs = tuple(rows.run_record(r) for r in found[:limit])
+        next_cursor = None
+        if len(found) > limit:
+            last = runs[limit - 1]
+            next_cursor = f"{rows.to_us(last.created_at)}:{last.run_id}"
+        return records.RunPage(runs=runs, next_cursor=next_cursor)
+
+
+class PostgresEvents:
+    def __init__(self, db: Database, feed: Feed) -> None:
+        self._db = db
+        self._feed = feed
+
+    async def create(
+        self,
+        run_id: str,
+        event: events.Event,
+        *,
+        in_band: bool,
+        expected_seq_in_band: int | None = None,
+        event_count: int | None = None,
+        occurred_at: datetime | None = None,
+        idempotency_key: str | None = None,
+    ) -> records.EventResult:
+        params = append.WriteParams(in_band, expected_seq_in_band, event_count, occurred_at)
+        result = await append.create(self._db, run_id, event, params, idempotency_key)
+        if result.allocated:
+            self._feed.publish(run_id, [result.event])
+        return result
+
+    async def create_batch(
+        self,
+        run_id: str,
+        batch: Sequence[events.Event],
+        *,
+        in_band: bool,
+        expected_seq_in_band: int | None = None,
+        event_count: int | None = None,
+        occurred_at: datetime | None = None,
+    ) -> records.BatchResult:
+        params = append.WriteParams(in_band, expected_seq_in_band, event_count, occurred_at)
+        result, committed = await append.create_batch(self._db, run_id, batch, params)
+        if committed:
+            self._feed.publish(run_id, committed)
+        return result
+
+    async def list(
+        self, run_id: str, *, after_slot: int = 0, limit: int = 1000
+    ) -> records.EventPage:
+        if limit < 1 or after_slot < 0:
+            raise errors.WorldContractError(
+                f"events.list needs limit >= 1 and after_slot >= 0 "
+                f"(got limit {limit}, after_slot {after_slot})",
+                run_id=run_id,
+            )
+        found = await self._db.fetch(_LIST_EVENTS_SQL, run_id, after_slot, limit + 1)
+        if not found:
+            raise errors.RunNotFound(run_id)
+        snapshot = events.Snapshot(seq=found[0][0], seq_in_band=found[0][1])
+        page = tuple(rows.event(run_id, r, 2) for r in found[:limit] if r[2] is not None)
+        return records.EventPage(
+            events=page,
+            snapshot=snapshot,
+            has_more=len(found) > limit,
+            cursor=page[-1].slot if page else after_slot,
+        )
+
+    def subscribe(
+        self,
+        run_id: str,
+        after_slot: int,
+        on_event: contract.EventCallback,
+        on_error: contract.ErrorCallback,
+    ) -> Subscription:
+        return self._feed.subscribe(run_id, after_slot, on_event, on_error)
+
+
+class PostgresSteps:
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    async def list(self, run_id: str) -> list[records.StepRecord]:
+        found = await self._db.fetch(_LIST_STEPS_SQL, run_id)
+        if not found:
+            raise errors.RunNotFound(run_id)
+        return [rows.step_record(r) for r in found if r[1] is not None]
+
+    async def get(self, run_id: str, step_id: str) -> records.StepRecord:
+        row = await self._db.fetchrow(_GET_STEP_SQL, run_id, step_id)
+        if row is None:
+            raise errors.StepNotFound(run_id, step_id=step_id)
+        return rows.step_record(row)
+
+
+class PostgresHooks:
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    async def get_by_token(self, token: str) -> records.HookRecord:
+        row = await self._db.fetchrow(_GET_HOOK_SQL, token)
+        if row is None:
+            raise errors.HookNotFound(token)
+        return rows.hook_record(row)
+
+
+class PostgresStorage:
+    """The storage half of the Postgres World: ``runs``, ``events``, ``steps``, ``hooks``."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+        self.feed = Feed(db.dsn, self._list_page)
+        self.runs: contract.Runs = PostgresRuns(db, self.feed)
+        self.events: contract.Events = PostgresEvents(db, self.feed)
+        self.steps: contract.Steps = PostgresSteps(db)
+        self.hooks: contract.Hooks = PostgresHooks(db)
+        self._closed = False
+
+    @classmethod
+    async def connect(
+        cls, dsn: str, *, pool_size: int = DEFAULT_POOL_SIZE, check_schema: bool = True
+    ) -> PostgresStorage:
+        """Open a pool on ``dsn``; with ``check_schema``, refuse a database not at this
+        treadle's schema version (``IncompatibleStorage``: run ``treadle migrate``)."""
+        db = await Database.connect(dsn, pool_size=pool_size)
+        if check_schema:
+            try:
+                await migrate.check_schema(db, where=db.where)
+            except BaseException:
+                await db.close()
+                raise
+        return cls(db)
+
+    @property
+    def where(self) -> str:
+        return self._db.where
+
+    async def _list_page(self, run_id: str, after_slot: int) -> records.EventPage:
+        return await self.events.list(run_id, after_slot=after_slot)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        await self.feed.close()
+        await self._db.close()
+
+    async def __aenter__(self) -> PostgresStorage:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return f"PostgresStorage({self._db.where}, {state})"

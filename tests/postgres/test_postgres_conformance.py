@@ -1,0 +1,61 @@
+"""The World conformance suite's storage half run against the Postgres storage.
+
+Each test gets its own migrated database (``conftest.pg_dsn``); a reopen (the
+restart tests) connects a new ``PostgresStorage`` to the same database.
+"""
+
+from __future__ import annotations
+
+from typing import cast
+
+import pytest
+
+from treadle.world import contract
+from treadle.world.conformance import storage, storage_views
+from treadle.world.conformance.harness import WorldHarness
+from treadle.worlds.postgres import PostgresStorage
+
+CAPABILITIES = contract.Capabilities(
+    in_band_fence=True, serializes_runs=False, coalesces=False, live_feed=True
+)
+
+
+class PostgresStorageWorld:
+    """The storage half as a World for the storage suites (no queue)."""
+
+    capabilities = CAPABILITIES
+    queue = None
+
+    def __init__(self, storage: PostgresStorage) -> None:
+        self.storage = storage
+        self.runs = storage.runs
+        self.events = storage.events
+        self.steps = storage.steps
+        self.hooks = storage.hooks
+
+    async def close(self) -> None:
+        await self.storage.close()
+
+
+class PostgresHarness(WorldHarness):
+    """Opens a PostgresStorage on one database, so a reopen sees what the last one stored."""
+
+    def __init__(self, dsn: str) -> None:
+        self.dsn = dsn
+
+    async def open(self, tuning: contract.QueueTuning | None = None) -> contract.World:
+        storage = await PostgresStorage.connect(self.dsn, pool_size=4)
+        return cast(contract.World, PostgresStorageWorld(storage))
+
+
+@pytest.fixture
+def harness(pg_dsn: str) -> PostgresHarness:
+    return PostgresHarness(pg_dsn)
+
+
+class TestPostgresStorage(storage.StorageConformance):
+    pass
+
+
+class TestPostgresStorageViews(storage_views.StorageViewsConformance):
+    pass
