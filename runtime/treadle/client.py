@@ -217,7 +217,8 @@ class Workflows:
         async with self._open_lock:
             if self._world is None:
                 if isinstance(self._world_arg, str | None):
-                    self._world = await open_world(self._world_arg or self.settings.TREADLE_WORLD)
+                    url = self._world_arg or self.settings.TREADLE_WORLD
+                    self._world = await open_world(url, settings=self.settings)
                 else:
                     # A World handed in unopened (``LocalWorld(path)``) is opened here.
                     opener = getattr(self._world_arg, "open", None)

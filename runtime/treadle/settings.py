@@ -11,7 +11,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from treadle import errors
@@ -63,8 +63,20 @@ class Settings(BaseSettings):
         default=1.0, ge=0, description="Retry delay of a failed step without retry_after."
     )
 
-    TREADLE_WORLD: str = Field(default="local:.treadle", description="The World to use.")
-    TREADLE_DEPLOYMENT_ID: str = Field(default="local", min_length=1)
+    TREADLE_WORLD: str = Field(
+        default="local:.treadle",
+        description="The World: local:PATH, or postgres (with TREADLE_DATABASE_URL and "
+        "TREADLE_NATS_URL).",
+    )
+    TREADLE_DEPLOYMENT_ID: str = Field(
+        default="local", min_length=1, description="The deployment revision runs are pinned to."
+    )
+    TREADLE_DATABASE_URL: SecretStr | None = Field(
+        default=None, description="PostgreSQL DSN of the postgres World (never logged)."
+    )
+    TREADLE_NATS_URL: SecretStr | None = Field(
+        default=None, description="NATS URL of the postgres World's queue (never logged)."
+    )
 
     @field_validator("WORKFLOW_MAX_INLINE_STEPS")
     @classmethod

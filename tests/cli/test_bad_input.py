@@ -59,8 +59,8 @@ CASES = [
     ),
     case(
         "unknown-world",
-        ["runs", "list", "--world", "postgres://db"],
-        "TREADLE_WORLD='postgres://db' is not a World",
+        ["runs", "list", "--world", "mongodb://db"],
+        "TREADLE_WORLD='mongodb://db' is not a World",
     ),
     case(
         "incompatible-storage",

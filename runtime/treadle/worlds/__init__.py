@@ -1,22 +1,49 @@
-"""World implementations (``local``; ``postgres`` + ``nats`` later) and opening one by URL.
+"""World implementations (``local``, ``postgres`` + ``nats``) and opening one by URL.
 
-``open_world("local:.treadle")`` opens the embedded World under ``.treadle``.
+``open_world("local:.treadle")`` opens the embedded World under ``.treadle``;
+``open_world("postgres")`` the production World from its settings.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from treadle import errors
 from treadle.world import contract
 
+if TYPE_CHECKING:
+    from treadle.settings import Settings
 
-async def open_world(url: str, *, tuning: contract.QueueTuning | None = None) -> contract.World:
-    """Open the World a URL names: ``local:PATH`` (a bare ``local`` means ``.treadle``)."""
+
+async def open_world(
+    url: str,
+    *,
+    tuning: contract.QueueTuning | None = None,
+    settings: Settings | None = None,
+) -> contract.World:
+    """Open the World a URL names: ``local:PATH`` (a bare ``local`` means ``.treadle``), or
+    ``postgres`` (Postgres storage and a NATS queue, from ``TREADLE_DATABASE_URL`` and
+    ``TREADLE_NATS_URL``)."""
     scheme, _, rest = url.partition(":")
     if scheme == "local":
         from treadle.worlds.local import LocalWorld
 
         return await LocalWorld(rest or ".treadle", tuning=tuning).open()
+    if url == "postgres":
+        from treadle.settings import load
+        from treadle.worlds.production import PostgresNatsWorld
+
+        config = settings or load()
+        if config.TREADLE_DATABASE_URL is None or config.TREADLE_NATS_URL is None:
+            raise errors.SettingsError(
+                "TREADLE_WORLD=postgres needs TREADLE_DATABASE_URL and TREADLE_NATS_URL"
+            )
+        return await PostgresNatsWorld.connect(
+            config.TREADLE_DATABASE_URL.get_secret_value(),
+            config.TREADLE_NATS_URL.get_secret_value(),
+            deployment_id=config.TREADLE_DEPLOYMENT_ID,
+            tuning=tuning,
+        )
     raise errors.SettingsError(
-        f"TREADLE_WORLD={url!r} is not a World treadle knows; use local:PATH "
-        "(postgres and nats are not built yet)"
+        f"TREADLE_WORLD={url!r} is not a World treadle knows; use local:PATH or postgres"
     )

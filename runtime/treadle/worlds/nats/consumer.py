@@ -1,0 +1,317 @@
+"""``NatsConsumer``: runs handlers for the messages its pullers take from JetStream.
+
+One per ``NatsQueue.consume`` call. A delivery:
+
+1. reads the message (payload, ``Treadle-*`` headers, JetStream's delivery
+   count) and sends an in-progress ack at once, so the server's lease starts now;
+2. heartbeats every third of the lease while it works: an in-progress ack to
+   JetStream and, while it holds its run, a renewal of the run lease;
+3. for a gated message (``routing.gated_run_id``), holds the run's lease first
+   (``leases.RunLeases.take``) or is coalesced into the run's holder and acked;
+4. runs the handler, re-running it while messages were coalesced into it (up to
+   ``MAX_COALESCED_RERUNS``, then a handoff), and settles its answer: Ack acks,
+   Redeliver and a raised exception nak with a delay, Handoff republishes the
+   message with its identity and counts in headers and acks this copy.
+
+JetStream acks by stream sequence, so an old delivery's ack would settle a
+newer one. A delivery therefore keeps its own lease clock: once it went a lease
+(less a margin) without a heartbeat its answer is dropped, and the message is
+left to JetStream's redelivery. Two more guards keep a stalled event loop from
+showing a handler one message twice: a redelivery of a message this process is
+still working on (and holds by its own clock) is adopted by the running
+delivery, and a redelivery that crossed this process's ack is acked again and
+dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Coroutine
+from typing import TYPE_CHECKING, Any, Final
+
+import nats.errors
+from nats.aio.msg import Msg
+
+from treadle.world import constants, contract, messages
+from treadle.worlds.nats import delivery, leases, names
+from treadle.worlds.nats.delivery import Delivery
+from treadle.worlds.nats.pulling import Puller, Slots
+
+if TYPE_CHECKING:
+    from treadle.worlds.nats.queue import NatsQueue
+
+log = logging.getLogger("treadle.worlds.nats")
+
+ACK_TIMEOUT_SECONDS: Final = 5.0
+_MAX_ACKED_REMEMBERED: Final = 100_000
+
+
+class NatsConsumer:
+    def __init__(
+        self,
+        owner: NatsQueue,
+        handlers: dict[messages.MessageKind, contract.Handler],
+        concurrency: int,
+    ) -> None:
+        if concurrency < 1:
+            raise ValueError(f"concurrency must be at least 1, got {concurrency}")
+        if not handlers:
+            raise ValueError("consume needs at least one handler")
+        self._queue = owner
+        self._handlers = handlers
+        self._lease = owner.tuning.lease_seconds
+        # A delivery treats its lease as lapsed this much before JetStream would.
+        self._margin = min(self._lease * 0.1, 1.0)
+        self._slots = Slots(concurrency)
+        self._pullers: list[Puller] = []
+        self._running: set[asyncio.Task[None]] = set()
+        # Deliveries under way, by stream sequence (JetStream's identity of a message copy).
+        self._active: dict[int, Delivery] = {}
+        # Recently acked stream sequences, to drop a redelivery that crossed the ack.
+        self._acked: dict[int, float] = {}
+        self._acked_horizon = max(10 * self._lease, 60.0)
+        self._closing = False
+
+    async def start(self, consumers: dict[messages.MessageKind, str]) -> None:
+        for kind in sorted(self._handlers):
+            puller = Puller(
+                self._queue.nc,
+                stream=self._queue.names.stream,
+                consumer=consumers[kind],
+                slots=self._slots,
+                deliver=self._start_delivery,
+            )
+            self._pullers.append(puller)
+            await puller.start()
+
+    async def close(self, *, grace_seconds: float = 30.0) -> None:
+        if self._closing:
+            return
+        self._closing = True
+        for puller in self._pullers:
+            await puller.stop()
+        running = list(self._running)
+        if running:
+            _, pending = await asyncio.wait(running, timeout=max(grace_seconds, 0))
+            for task in pending:
+                task.cancel()
+            if pending:
+                await asyncio.wait(pending)
+        with contextlib.suppress(Exception):
+            await self._queue.nc.flush()
+        self._queue.forget(self)
+
+    def _start_delivery(self, msg: Msg) -> None:
+        task = asyncio.get_running_loop().create_task(self._accept(msg))
+        self._running.add(task)
+        task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self._running.discard(task)
+        self._slots.finished()
+        if not task.cancelled() and task.exception() is not None:
+            log.error("nats queue: delivery task failed", exc_info=task.exception())
+
+    def _accept(self, msg: Msg) -> Coroutine[Any, Any, None]:
+        """What to do with a message JetStream just delivered to this process."""
+        if self._closing:
+            return _quietly(msg.nak())  # taken as the consumer closed: straight back
+        try:
+            d = delivery.read_delivery(msg, self._queue.names)
+        except (ValueError, nats.errors.Error) as exc:
+            log.error("message on %s is not a treadle message (%s); terminated", msg.subject, exc)
+            return _quietly(msg.term())
+        if d.sequence in self._acked:
+            # A redelivery that crossed this process's ack: the message is gone already.
+            return _quietly(msg.ack())
+        current = self._active.get(d.sequence)
+        if current is not None and self._alive(current):
+            # Redelivered while this process still works on it (its progress crossed the
+            # lease's end, as after a stalled loop): the running delivery carries on under it.
+            current.msg = msg
+            return _quietly(self._progress(current))
+        self._active[d.sequence] = d
+        return self._deliver(d)
+
+    async def _deliver(self, d: Delivery) -> None:
+        heartbeat = asyncio.get_running_loop().create_task(self._heartbeat(d))
+        try:
+            await self._progress(d)
+            if d.gate_key is not None and not await self._hold(d):
+                return
+            await self._run(d)
+        except asyncio.CancelledError:
+            # Shutdown cut the delivery off: leave the message to be delivered again.
+            await self._abandon(d)
+            raise
+        finally:
+            heartbeat.cancel()
+            if self._active.get(d.sequence) is d:
+                del self._active[d.sequence]
+
+    async def _hold(self, d: Delivery) -> bool:
+        """Hold the run's lease (True), or be coalesced into its holder and acked (False)."""
+        assert d.gate_key is not None
+        while True:
+            taken = await self._queue.leases.take(d.gate_key, d.message_id)
+            if isinstance(taken, leases.Held):
+                d.token = taken.token
+                return True
+            if isinstance(taken, leases.Coalesced):
+                if self._alive(d):
+                    await self._ack(d)
+                return False
+            await asyncio.sleep(min(max(taken.seconds, 0.0), self._lease / 3) + 0.005)
+
+    async def _run(self, d: Delivery) -> None:
+        handler = self._handlers[d.message.kind]
+        started_ms = int(time.time() * 1000)
+        rerun = covered = 0
+        while True:
+            meta = messages.DeliveryMeta(
+                message_id=d.message_id,
+                delivery_count=d.delivery_count + rerun,
+                attempt=d.attempt,
+                invocation_started_at=started_ms,
+                key=d.key,
+                rerun=rerun,
+            )
+            outcome = await delivery.call_handler(handler, d.message, meta)
+            if isinstance(outcome, messages.Ack) and d.token is not None and self._alive(d):
+                assert d.gate_key is not None
+                finished = await self._queue.leases.finish(d.gate_key, d.token, covered)
+                if isinstance(finished, leases.Lost):
+                    await self._lost(d)
+                    return
+                if isinstance(finished, leases.Rerun):
+                    if rerun < constants.MAX_COALESCED_RERUNS:
+                        covered = finished.coalesced
+                        rerun += 1
+                        continue
+                    log.info(
+                        "run %s: %d coalesced re-runs used up; handing off message %s",
+                        d.message.run_id,
+                        rerun,
+                        d.message_id,
+                    )
+                    outcome = messages.HANDOFF
+                else:
+                    d.token = None  # released
+            await self._settle(d, outcome)
+            return
+
+    async def _settle(self, d: Delivery, outcome: delivery.Outcome) -> None:
+        if not self._alive(d):
+            log.warning(
+                "message %s: the delivery outlived its lease; its answer %s is dropped "
+                "and the message is delivered again",
+                d.message_id,
+                outcome,
+            )
+            await self._let_go(d)
+            return
+        match outcome:
+            case messages.Ack():
+                await self._ack(d)
+            case messages.Redeliver(seconds=seconds):
+                await self._let_go(d)
+                await d.msg.nak(delay=delivery.clamp_delay(seconds))
+            case messages.Handoff():
+                await self._handoff(d)
+            case delivery.Failed():
+                await self._let_go(d)
+                await d.msg.nak(delay=self._queue.tuning.backoff_seconds(d.attempt))
+
+    async def _handoff(self, d: Delivery) -> None:
+        """Republish the message with its identity and counts, then ack this copy."""
+        if d.token is not None:
+            assert d.gate_key is not None
+            if not await self._queue.leases.reserve(d.gate_key, d.token, d.message_id):
+                await self._lost(d)
+                return
+            d.token = None
+        headers = {
+            names.MESSAGE_ID: d.message_id,
+            names.DELIVERY_OFFSET: str(d.delivery_count),
+            names.HANDOFFS: str(d.handoffs + 1),
+        }
+        if d.key is not None:
+            headers[names.KEY] = names.encode_key(d.key)
+        await self._queue.js.publish(d.msg.subject, d.msg.data, headers=headers)
+        await self._ack(d)
+
+    async def _ack(self, d: Delivery) -> None:
+        now = time.monotonic()
+        self._acked[d.sequence] = now
+        while self._acked:
+            sequence, at = next(iter(self._acked.items()))
+            if at > now - self._acked_horizon and len(self._acked) <= _MAX_ACKED_REMEMBERED:
+                break
+            del self._acked[sequence]
+        try:
+            await d.msg.ack_sync(timeout=ACK_TIMEOUT_SECONDS)
+        except Exception as exc:
+            log.warning(
+                "message %s: the ack was not confirmed (%s); it may be delivered again",
+                d.message_id,
+                exc,
+            )
+
+    async def _let_go(self, d: Delivery) -> None:
+        """Release the run lease, if this delivery holds it."""
+        if d.token is not None and d.gate_key is not None:
+            token, d.token = d.token, None
+            await self._queue.leases.release(d.gate_key, token)
+
+    async def _lost(self, d: Delivery) -> None:
+        log.warning(
+            "run %s: message %s lost its run lease while it ran; delivering it again",
+            d.message.run_id,
+            d.message_id,
+        )
+        d.token = None
+        if self._alive(d):
+            await d.msg.nak()
+
+    async def _abandon(self, d: Delivery) -> None:
+        with contextlib.suppress(Exception):
+            await self._let_go(d)
+            if self._alive(d):
+                await d.msg.nak()
+
+    def _alive(self, d: Delivery) -> bool:
+        """This delivery still holds its message (JetStream has not redelivered it)."""
+        return time.monotonic() < d.renewed_at + self._lease - self._margin
+
+    async def _progress(self, d: Delivery) -> None:
+        """Tell JetStream the delivery is at work: its lease runs from now."""
+        sent_at = time.monotonic()
+        await d.msg.in_progress()
+        d.renewed_at = sent_at
+
+    async def _heartbeat(self, d: Delivery) -> None:
+        while True:
+            await asyncio.sleep(self._lease / 3)
+            if not self._alive(d):
+                log.warning(
+                    "message %s: delivery lost its lease (stalled past %.1f s)",
+                    d.message_id,
+                    self._lease,
+                )
+                return
+            try:
+                await self._progress(d)
+                if d.token is not None and d.gate_key is not None:
+                    renewed = await self._queue.leases.renew(d.gate_key, d.token)
+                    if not renewed:
+                        log.warning("run %s: the run lease was taken over", d.message.run_id)
+            except Exception as exc:
+                log.warning("message %s: heartbeat failed: %s", d.message_id, exc)
+
+
+async def _quietly(work: Awaitable[None]) -> None:
+    with contextlib.suppress(Exception):
+        await work

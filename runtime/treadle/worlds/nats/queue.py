@@ -1,0 +1,277 @@
+"""``NatsQueue``: treadle's durable queue on NATS JetStream.
+
+``await NatsQueue.connect(url, deployment_id=..., tuning=..., stream=...)``
+checks the server (2.12 or later), creates the stream and the run lease bucket
+if they are missing, and returns a queue that sends and consumes:
+
+- A send publishes the message's JSON to its run's subject (``names``) with the
+  message id in a header. A keyed send carries ``Nats-Msg-Id`` (a digest of the
+  key), so the stream drops a repeat within its 24 h duplicate window whatever
+  state the first is in; its message id is derived from the key, so the repeat
+  reports the first send's id. An unkeyed send is never deduplicated. (The
+  server keeps the window in memory and rebuilds it at a restart from the
+  messages still in the stream: a key whose message was acked, or whose
+  schedule fired, before a server restart is forgotten.)
+- A delayed send is a JetStream message schedule (``Nats-Schedule: @at``, whole
+  seconds rounded up, so it is never early) that publishes the message to its
+  run's subject when due; the schedule carries the key's ``Nats-Msg-Id``.
+- An undelayed, unkeyed orchestrator message for a run whose delivery is in
+  flight is folded into that delivery (``leases.RunLeases.coalesce``) instead of
+  published, as the local World does at send.
+- ``consume`` creates (or updates) the deployment's durable pull consumers and
+  starts a ``consumer.NatsConsumer``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Final
+from urllib.parse import urlsplit
+
+import nats.errors
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+
+from treadle import errors
+from treadle.world import constants, contract, ids, messages, routing
+from treadle.worlds.nats import jetstream, leases, names
+from treadle.worlds.nats.consumer import NatsConsumer
+
+log = logging.getLogger("treadle.worlds.nats")
+
+PUBLISH_TIMEOUT_SECONDS: Final = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class _Prepared:
+    message_id: str
+    subject: str
+    payload: bytes
+    headers: dict[str, str]
+    # The run lease to fold this send into when its run is held (undelayed, unkeyed wakes).
+    coalesce_key: str | None
+
+
+class NatsQueue:
+    """Sends, and starts consumers; construct with ``await NatsQueue.connect(...)``."""
+
+    def __init__(
+        self,
+        nc: Client,
+        ns: names.Names,
+        tuning: contract.QueueTuning,
+        run_leases: leases.RunLeases,
+    ) -> None:
+        self.nc = nc
+        self.js: JetStreamContext = nc.jetstream()
+        self.names = ns
+        self.tuning = tuning
+        self.leases = run_leases
+        self.consumers: list[NatsConsumer] = []
+
+    @classmethod
+    async def connect(
+        cls,
+        url: str,
+        *,
+        deployment_id: str = "default",
+        tuning: contract.QueueTuning | None = None,
+        stream: str | None = None,
+        subject_prefix: str | None = None,
+        replicas: int = 1,
+        connect_timeout: float = 10.0,
+        connect_options: Mapping[str, Any] | None = None,
+    ) -> NatsQueue:
+        """Connect, check the server, and create the stream and lease bucket if missing.
+
+        ``stream`` and ``subject_prefix`` default to ``TREADLE`` and ``treadle``; a
+        second queue on one server needs both of its own. Once connected the client
+        reconnects for ever; the first connection must be made within
+        ``connect_timeout`` seconds, else ``StorageUnavailable``. ``connect_options``
+        go to nats-py's ``Client.connect`` (credentials, TLS).
+        """
+        ns = names.Names(
+            stream=names.validate_name(stream or names.DEFAULT_STREAM, "stream name"),
+            prefix=names.validate_name(
+                subject_prefix or names.DEFAULT_SUBJECT_PREFIX, "subject prefix"
+            ),
+            deployment=deployment_id,
+        )
+        tuning = tuning or contract.QueueTuning()
+        options: dict[str, Any] = {
+            "name": f"treadle-{names.token(deployment_id)}",
+            "max_reconnect_attempts": -1,
+            "error_cb": _log_error,
+        }
+        options.update(connect_options or {})
+        nc = Client()
+        try:
+            async with asyncio.timeout(connect_timeout):
+                await nc.connect(url, **options)
+        except (TimeoutError, OSError, nats.errors.Error) as exc:
+            await nc.close()
+            reason = exc if str(exc) else f"no connection within {connect_timeout} s"
+            raise errors.StorageUnavailable(
+                f"cannot reach NATS at {_redact(url)}: {reason}"
+            ) from None
+        try:
+            jetstream.check_server_version(_server_version(nc))
+            await jetstream.ensure_stream(nc, ns, replicas=replicas)
+            kv = await jetstream.ensure_lease_bucket(nc.jetstream(), ns, replicas=replicas)
+        except BaseException:
+            await nc.close()
+            raise
+        return cls(nc, ns, tuning, leases.RunLeases(kv, tuning.lease_seconds))
+
+    async def send(
+        self,
+        message: messages.OrchestratorMessage | messages.StepMessage,
+        *,
+        key: str | None = None,
+        delay_seconds: float = 0.0,
+    ) -> messages.SendResult:
+        (result,) = await self.send_batch([messages.Send(message, key, delay_seconds)])
+        return result
+
+    async def send_batch(self, sends: Sequence[messages.Send]) -> list[messages.SendResult]:
+        prepared = [self._prepare(send) for send in sends]
+        results: list[messages.SendResult | None] = []
+        pending: list[tuple[int, asyncio.Future[Any]]] = []
+        try:
+            for index, item in enumerate(prepared):
+                if item.coalesce_key is not None and await self._coalesce(item.coalesce_key):
+                    # Its run's delivery is in flight: the holder re-runs for it before it acks.
+                    results.append(messages.SendResult(message_id=item.message_id))
+                    continue
+                results.append(None)
+                future = await self.js.publish_async(
+                    item.subject, item.payload, headers=item.headers
+                )
+                pending.append((index, future))
+            for index, future in pending:
+                ack = await asyncio.wait_for(future, PUBLISH_TIMEOUT_SECONDS)
+                results[index] = messages.SendResult(
+                    message_id=prepared[index].message_id, deduplicated=bool(ack.duplicate)
+                )
+        except (TimeoutError, nats.errors.Error) as exc:
+            for _, future in pending:
+                future.cancel()
+            raise errors.StorageUnavailable(
+                f"publishing to stream {self.names.stream}: {exc}"
+            ) from exc
+        return [result for result in results if result is not None]
+
+    async def _coalesce(self, lease_key: str) -> bool:
+        """Fold into the run's holder at the send; when the leases cannot be read, publish
+        (the delivery coalesces it instead)."""
+        try:
+            return await self.leases.coalesce(lease_key)
+        except (TimeoutError, nats.errors.Error, errors.StorageUnavailable) as exc:
+            log.warning("run lease %s unreadable at send (%s); publishing instead", lease_key, exc)
+            return False
+
+    def _prepare(self, send: messages.Send) -> _Prepared:
+        message, key, delay = send.message, send.key, send.delay_seconds
+        run_id = message.run_id
+        if not math.isfinite(delay) or delay < 0:
+            raise errors.WorldContractError(
+                f"run {run_id}: a send's delay must be a finite number of seconds >= 0, "
+                f"got {delay}",
+                run_id=run_id,
+            )
+        if key is not None and not key:
+            raise errors.WorldContractError("an idempotency key must not be empty")
+        payload = message.model_dump_json().encode()
+        if len(payload) > constants.MAX_MESSAGE_BYTES:
+            raise errors.MessageTooLarge(
+                size=len(payload), limit=constants.MAX_MESSAGE_BYTES, run_id=run_id
+            )
+        message_id = ids.new_message_id() if key is None else names.keyed_message_id(key)
+        target = self.names.subject(message.kind, message.deployment_id, run_id)
+        headers = {names.MESSAGE_ID: message_id}
+        if key is not None:
+            headers[names.KEY] = names.encode_key(key)
+            headers[names.NATS_MSG_ID] = names.dedupe_id(key)
+        coalesce_key = None
+        if delay > 0:
+            headers[names.NATS_SCHEDULE] = f"@at {_due_at(delay, run_id)}"
+            headers[names.NATS_SCHEDULE_TARGET] = target
+            subject = self.names.schedule_subject(message.deployment_id, message_id)
+        else:
+            subject = target
+            gate = routing.gated_run_id(message, None)
+            if gate is not None and key is None:
+                coalesce_key = self.names.lease_key(gate, message.deployment_id)
+        return _Prepared(message_id, subject, payload, headers, coalesce_key)
+
+    async def consume(
+        self,
+        handlers: Mapping[messages.MessageKind, contract.Handler],
+        *,
+        concurrency: int = 32,
+    ) -> contract.Consumer:
+        consumer = NatsConsumer(self, dict(handlers), concurrency)
+        durable = {
+            kind: await jetstream.ensure_consumer(
+                self.nc, self.names, kind, lease_seconds=self.tuning.lease_seconds
+            )
+            for kind in handlers
+        }
+        await consumer.start(durable)
+        self.consumers.append(consumer)
+        return consumer
+
+    def forget(self, consumer: NatsConsumer) -> None:
+        if consumer in self.consumers:
+            self.consumers.remove(consumer)
+
+    async def close(self) -> None:
+        """Close every consumer (running deliveries are cut off and redelivered), then the
+        connection."""
+        for consumer in list(self.consumers):
+            await consumer.close(grace_seconds=0)
+        if not self.nc.is_closed:
+            try:
+                await self.nc.flush()
+            except (TimeoutError, nats.errors.Error) as exc:
+                log.warning("nats queue: flush before close failed: %s", exc)
+            await self.nc.close()
+
+
+def _due_at(delay: float, run_id: str) -> str:
+    """The ``@at`` time of a schedule: whole seconds, rounded up, so never early."""
+    try:
+        due = datetime.fromtimestamp(math.ceil(time.time() + delay), UTC)
+    except (OverflowError, OSError, ValueError) as exc:
+        raise errors.WorldContractError(
+            f"run {run_id}: a delay of {delay} s is past any date the queue can schedule",
+            run_id=run_id,
+        ) from exc
+    return due.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _redact(url: str) -> str:
+    """The servers a URL names, without credentials: fit for an error message."""
+    hosts = []
+    for one in url.split(","):
+        parts = urlsplit(one.strip() if "://" in one else f"nats://{one.strip()}")
+        hosts.append(f"{parts.hostname or '?'}{f':{parts.port}' if parts.port else ''}")
+    return ",".join(hosts)
+
+
+def _server_version(nc: Client) -> str:
+    version = nc.connected_server_version
+    try:
+        return f"{version.major}.{version.minor}.{version.patch}"
+    except ValueError:
+        return str(nc._server_info.get("version", ""))
+
+
+async def _log_error(exc: Exception) -> None:
+    log.warning("nats connection: %s", exc)

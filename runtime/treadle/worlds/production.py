@@ -1,0 +1,85 @@
+"""The production World: Postgres storage (``worlds.postgres``) and a NATS JetStream queue
+(``worlds.nats``), opened together from ``TREADLE_DATABASE_URL`` and ``TREADLE_NATS_URL``.
+
+Credentials come from the URLs (or what they point at) and are never logged:
+errors name the host, not the URL.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+from treadle import errors
+from treadle.world import contract
+
+CAPABILITIES = contract.Capabilities(
+    in_band_fence=True, serializes_runs=True, coalesces=True, live_feed=True
+)
+
+
+def redact(url: str) -> str:
+    """A URL fit for a log line: scheme, host and port only."""
+    parts = urlsplit(url)
+    host = parts.hostname or "?"
+    port = f":{parts.port}" if parts.port else ""
+    return f"{parts.scheme}://{host}{port}"
+
+
+class PostgresNatsWorld:
+    """Storage on Postgres, queue on NATS JetStream: open with ``await PostgresNatsWorld.open``."""
+
+    capabilities = CAPABILITIES
+
+    def __init__(self, storage: object, queue: object) -> None:
+        from treadle.worlds.nats import NatsQueue
+        from treadle.worlds.postgres import PostgresStorage
+
+        assert isinstance(storage, PostgresStorage)
+        assert isinstance(queue, NatsQueue)
+        self.storage = storage
+        self.nats = queue
+        self.runs: contract.Runs = storage.runs
+        self.events: contract.Events = storage.events
+        self.steps: contract.Steps = storage.steps
+        self.hooks: contract.Hooks = storage.hooks
+        self.queue: contract.Queue = queue
+
+    @classmethod
+    async def connect(
+        cls,
+        database_url: str,
+        nats_url: str,
+        *,
+        deployment_id: str,
+        tuning: contract.QueueTuning | None = None,
+        check_schema: bool = True,
+        stream: str | None = None,
+        subject_prefix: str | None = None,
+    ) -> PostgresNatsWorld:
+        from treadle.worlds.nats import NatsQueue, names
+        from treadle.worlds.postgres import PostgresStorage
+
+        try:
+            storage = await PostgresStorage.connect(database_url, check_schema=check_schema)
+        except OSError as exc:
+            raise errors.StorageUnavailable(
+                f"cannot reach PostgreSQL at {redact(database_url)}: {exc.strerror or exc}"
+            ) from None
+        try:
+            queue = await NatsQueue.connect(
+                nats_url,
+                deployment_id=deployment_id,
+                tuning=tuning,
+                stream=stream or names.DEFAULT_STREAM,
+                subject_prefix=subject_prefix or names.DEFAULT_SUBJECT_PREFIX,
+            )
+        except BaseException:
+            await storage.close()
+            raise
+        return cls(storage, queue)
+
+    async def close(self) -> None:
+        try:
+            await self.nats.close()
+        finally:
+            await self.storage.close()

@@ -1,0 +1,18 @@
+"""The queue conformance suites, unchanged, against ``NatsQueue`` on a real nats-server.
+
+Seed 003 "Spec 9 queue rules", "The dedupe contract" and "Queue: one
+orchestrator delivery per run", as pinned by ``treadle.world.conformance``; the
+harness (``conftest.NatsHarness``) gives each test its own stream.
+"""
+
+from __future__ import annotations
+
+from treadle.world.conformance import queue, queue_gating
+
+
+class TestNatsQueue(queue.QueueConformance):
+    pass
+
+
+class TestNatsQueueGating(queue_gating.QueueGatingConformance):
+    pass

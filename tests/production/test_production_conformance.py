@@ -1,0 +1,21 @@
+"""The whole World conformance suite against Postgres storage + NATS JetStream queue."""
+
+from __future__ import annotations
+
+from treadle.world.conformance import queue, queue_gating, storage, storage_views
+
+
+class TestProductionStorage(storage.StorageConformance):
+    pass
+
+
+class TestProductionStorageViews(storage_views.StorageViewsConformance):
+    pass
+
+
+class TestProductionQueue(queue.QueueConformance):
+    pass
+
+
+class TestProductionQueueGating(queue_gating.QueueGatingConformance):
+    pass
