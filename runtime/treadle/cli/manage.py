@@ -169,3 +169,23 @@ async def cmd_settings(args: argparse.Namespace) -> int:
         ],
     )
     return common.OK
+
+
+async def cmd_migrate(args: argparse.Namespace) -> int:
+    """Apply pending Postgres migrations, in order, each in its own transaction."""
+    current = common.use_world(args.world)
+    dsn = args.database_url
+    if dsn is None and current.TREADLE_DATABASE_URL is not None:
+        dsn = current.TREADLE_DATABASE_URL.get_secret_value()
+    if not dsn:
+        raise common.UsageError("migrate needs --database-url or TREADLE_DATABASE_URL")
+    from treadle.worlds.postgres import migrate
+
+    applied = await migrate.migrate(dsn)
+    if args.json:
+        output.emit_json({"applied": applied})
+    elif applied:
+        print(f"applied migrations {', '.join(str(v) for v in applied)}")
+    else:
+        print("the schema is up to date")
+    return common.OK

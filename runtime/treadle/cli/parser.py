@@ -123,4 +123,14 @@ def build_parser() -> Parser:
         "settings", parents=shared, help="every setting: default, current value, meaning"
     )
     config.set_defaults(handler=manage.cmd_settings)
+
+    migrate = commands.add_parser(
+        "migrate", parents=[_common()], help="apply the Postgres World's pending migrations"
+    )
+    migrate.add_argument(
+        "--database-url",
+        metavar="DSN",
+        help="the database (default: $TREADLE_DATABASE_URL); never printed",
+    )
+    migrate.set_defaults(handler=manage.cmd_migrate)
     return parser
