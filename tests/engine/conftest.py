@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +12,11 @@ from treadle import Workflows, settings
 from treadle.world import contract
 from treadle.worlds.local import LocalWorld
 
+from ..nats.conftest import nats_server
+from ..postgres.conftest import pg_clones, pg_dsn, pg_server
 from .faults import FaultyWorld
+
+__all__ = ["nats_server", "pg_clones", "pg_dsn", "pg_server"]
 
 FAST = {
     "WORKFLOW_ORCHESTRATOR_LINGER_MS": 300,
@@ -24,22 +28,44 @@ TUNING = contract.QueueTuning(lease_seconds=5.0, backoff_base_seconds=0.05, back
 MakeApp = Callable[..., Workflows]
 
 
-@pytest.fixture
-async def faulty(tmp_path: Path) -> FaultyWorld:
-    """A fault-injecting wrapper around an open local World (closed by make_app's cleanup)."""
-    inner = await LocalWorld(tmp_path / "world", tuning=TUNING).open()
-    return FaultyWorld(inner)
+OpenWorld = Callable[[], Awaitable[Any]]
+
+
+@pytest.fixture(params=["local", "postgres+nats"])
+def open_world(request: pytest.FixtureRequest, tmp_path: Path) -> OpenWorld:
+    """Opens the World under test: the local one, or Postgres + NATS on real servers."""
+    if request.param == "local":
+
+        async def local() -> Any:
+            return await LocalWorld(tmp_path / "world", tuning=TUNING).open()
+
+        return local
+    from ..production.conftest import ProductionHarness
+
+    harness = ProductionHarness(
+        request.getfixturevalue("pg_dsn"), request.getfixturevalue("nats_server").url, "local"
+    )
+
+    async def production() -> Any:
+        return await harness.open(TUNING)
+
+    return production
 
 
 @pytest.fixture
-async def make_app(tmp_path: Path) -> AsyncIterator[MakeApp]:
-    """``make_app(world=None, **settings)``: an app on ``tmp_path/world`` (opened lazily)."""
+async def faulty(open_world: OpenWorld) -> FaultyWorld:
+    """A fault-injecting wrapper around an open World (closed by make_app's cleanup)."""
+    return FaultyWorld(await open_world())
+
+
+@pytest.fixture
+async def make_app(open_world: OpenWorld) -> AsyncIterator[MakeApp]:
+    """``make_app(world=None, **settings)``: an app on the World under test."""
     apps: list[Workflows] = []
 
     def make(world: contract.World | None = None, **overrides: Any) -> Workflows:
         tuned = settings.load({}, **{**FAST, **overrides})
-        app = Workflows(world=world or LocalWorld(tmp_path / "world", tuning=TUNING),
-                        settings_=tuned, worker=True)  # fmt: skip
+        app = Workflows(world=world or _Lazy(open_world), settings_=tuned, worker=True)  # type: ignore[arg-type]
         apps.append(app)
         return app
 
@@ -49,3 +75,22 @@ async def make_app(tmp_path: Path) -> AsyncIterator[MakeApp]:
         world = app._world_arg
         if world is not None and not isinstance(world, str):
             await world.close()
+
+
+class _Lazy:
+    """A World opened when the app first needs it (``Workflows`` calls ``open``)."""
+
+    def __init__(self, opener: OpenWorld) -> None:
+        self._opener = opener
+        self._world: Any = None
+
+    async def open(self) -> Any:
+        if self._world is None:
+            self._world = await self._opener()
+            for name in ("capabilities", "runs", "events", "steps", "hooks", "queue"):
+                setattr(self, name, getattr(self._world, name))
+        return self._world
+
+    async def close(self) -> None:
+        if self._world is not None:
+            await self._world.close()
