@@ -71,6 +71,12 @@ class Settings(BaseSettings):
     TREADLE_DEPLOYMENT_ID: str = Field(
         default="local", min_length=1, description="The deployment revision runs are pinned to."
     )
+    TREADLE_QUEUE_LEASE_SECONDS: float = Field(
+        default=30.0,
+        gt=0,
+        description="How long a delivery holds its message without a heartbeat before it is "
+        "redelivered (a dead worker's deliveries come back after this).",
+    )
     TREADLE_DATABASE_URL: SecretStr | None = Field(
         default=None, description="PostgreSQL DSN of the postgres World (never logged)."
     )

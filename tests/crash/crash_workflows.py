@@ -13,6 +13,7 @@ import asyncio
 import os
 import signal
 from pathlib import Path
+from typing import Any
 
 from treadle import StepFailed, Workflows, step_metadata
 from treadle.world import messages
@@ -30,6 +31,8 @@ def record(line: str) -> None:
 
 async def _body(name: str) -> str:
     attempt = step_metadata().attempt
+    with Path(os.environ["TREADLE_TEST_EFFECTS"] + ".pids").open("a") as pids:
+        pids.write(f"{name} {attempt} {os.getpid()}\n")
     record(f"{name} start {attempt}")
     if attempt == 1 and os.environ.get("TREADLE_TEST_HANG_FIRST_ATTEMPT"):
         await asyncio.sleep(3600)
@@ -60,15 +63,22 @@ async def one_step_at_most_once(name: str) -> str:
         return f"failed: {exc.error_type}"
 
 
-if os.environ.get("TREADLE_TEST_KILL_BEFORE_SEND"):
-    _send_batch = local_queue.LocalQueue.send_batch
+def _die_before_step_sends(queue_class: Any) -> None:
+    send_batch = queue_class.send_batch
 
-    async def _send_or_die(
-        self: local_queue.LocalQueue, sends: list[messages.Send]
-    ) -> list[messages.SendResult]:
+    async def send_or_die(self: Any, sends: list[messages.Send]) -> list[messages.SendResult]:
         if any(isinstance(s.message, messages.StepMessage) for s in sends):
             record("killed before the step message was sent")
             os.kill(os.getpid(), signal.SIGKILL)
-        return await _send_batch(self, sends)
+        result: list[messages.SendResult] = await send_batch(self, sends)
+        return result
 
-    local_queue.LocalQueue.send_batch = _send_or_die  # type: ignore[method-assign]
+    queue_class.send_batch = send_or_die
+
+
+if os.environ.get("TREADLE_TEST_KILL_BEFORE_SEND"):
+    _die_before_step_sends(local_queue.LocalQueue)
+    if os.environ.get("TREADLE_WORLD") == "postgres":
+        from treadle.worlds.nats import queue as nats_queue
+
+        _die_before_step_sends(nats_queue.NatsQueue)

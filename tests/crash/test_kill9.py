@@ -24,13 +24,16 @@ WORKFLOWS = Path(__file__).with_name("crash_workflows.py")
 
 
 class Cluster:
-    """A local World directory and the treadle processes the test runs against it."""
+    """A World and the treadle worker processes the test runs against it.
 
-    def __init__(self, tmp_path: Path) -> None:
-        self.world = f"local:{tmp_path / 'world'}"
+    On the local World one worker serves at a time; on Postgres + NATS, ``size``
+    workers serve together and the test kills whichever one ran the body.
+    """
+
+    def __init__(self, tmp_path: Path, world_env: dict[str, str], size: int) -> None:
         self.effects = tmp_path / "effects.txt"
-        self.env = {**os.environ, "TREADLE_TEST_EFFECTS": str(self.effects),
-                    "TREADLE_WORLD": self.world}  # fmt: skip
+        self.size = size
+        self.env = {**os.environ, "TREADLE_TEST_EFFECTS": str(self.effects), **world_env}
         self.workers: list[subprocess.Popen[bytes]] = []
 
     def cli(self, *args: str) -> str:
@@ -48,6 +51,14 @@ class Cluster:
         )
         self.workers.append(proc)
         return proc
+
+    def start_workers(self, **extra_env: str) -> list[subprocess.Popen[bytes]]:
+        return [self.start_worker(**extra_env) for _ in range(self.size)]
+
+    def worker_that_ran(self, name: str, attempt: int) -> subprocess.Popen[bytes]:
+        pids = Path(f"{self.effects}.pids").read_text().splitlines()
+        pid = next(int(line.split()[2]) for line in pids if line.startswith(f"{name} {attempt} "))
+        return next(p for p in self.workers if p.pid == pid)
 
     def lines(self) -> list[str]:
         return self.effects.read_text().splitlines() if self.effects.exists() else []
@@ -79,9 +90,21 @@ class Cluster:
                     proc.wait()
 
 
-@pytest.fixture
-def cluster(tmp_path: Path) -> Cluster:
-    c = Cluster(tmp_path)
+@pytest.fixture(params=["local", "postgres+nats"])
+def cluster(request: pytest.FixtureRequest, tmp_path: Path) -> Cluster:
+    if request.param == "local":
+        c = Cluster(tmp_path, {"TREADLE_WORLD": f"local:{tmp_path / 'world'}"}, size=1)
+    else:
+        c = Cluster(
+            tmp_path,
+            {
+                "TREADLE_WORLD": "postgres",
+                "TREADLE_DATABASE_URL": request.getfixturevalue("pg_dsn"),
+                "TREADLE_NATS_URL": request.getfixturevalue("nats_server").url,
+                "TREADLE_QUEUE_LEASE_SECONDS": "2",
+            },
+            size=3,
+        )
     yield c  # type: ignore[misc]
     c.stop()
 
@@ -138,7 +161,7 @@ def test_sigkill_between_step_created_and_its_send(cluster: Cluster) -> None:
     first.wait(timeout=30)
     assert first.returncode == -signal.SIGKILL
     assert cluster.lines() == ["killed before the step message was sent"]
-    cluster.start_worker(WORKFLOW_MAX_INLINE_STEPS="0")
+    cluster.start_workers(WORKFLOW_MAX_INLINE_STEPS="0")
     run = cluster.wait_for_run(run_id)
     assert run["status"] == "completed", run
     assert cluster.lines()[1:] == ["b start 1", "b done 1"]

@@ -25,6 +25,8 @@ async def open_world(
     ``postgres`` (Postgres storage and a NATS queue, from ``TREADLE_DATABASE_URL`` and
     ``TREADLE_NATS_URL``)."""
     scheme, _, rest = url.partition(":")
+    if tuning is None and settings is not None:
+        tuning = contract.QueueTuning(lease_seconds=settings.TREADLE_QUEUE_LEASE_SECONDS)
     if scheme == "local":
         from treadle.worlds.local import LocalWorld
 
