@@ -35,7 +35,7 @@ async def _body(name: str) -> str:
         pids.write(f"{name} {attempt} {os.getpid()}\n")
     record(f"{name} start {attempt}")
     if attempt == 1 and os.environ.get("TREADLE_TEST_HANG_FIRST_ATTEMPT"):
-        await asyncio.sleep(3600)
+        await asyncio.sleep(float(os.environ.get("TREADLE_TEST_HANG_SECONDS", "3600")))
     record(f"{name} done {attempt}")
     return f"{name}:{attempt}"
 

@@ -165,3 +165,46 @@ def test_sigkill_between_step_created_and_its_send(cluster: Cluster) -> None:
     run = cluster.wait_for_run(run_id)
     assert run["status"] == "completed", run
     assert cluster.lines()[1:] == ["b start 1", "b done 1"]
+
+
+def test_sigstop_past_the_lease_then_sigcont_is_fenced(
+    pg_dsn: str, nats_server: object, tmp_path: Path
+) -> None:
+    """Lease stall overlap across processes (EDGE-CASES A1): the worker running an inline
+    body is stopped past its lease; another worker takes the run over and finishes it; when
+    the stopped one resumes, its writes are refused by the fence: nothing is written twice.
+
+    Postgres + NATS only: a local World has one consumer, so no other worker could take over.
+    """
+    cluster = Cluster(
+        tmp_path,
+        {
+            "TREADLE_WORLD": "postgres",
+            "TREADLE_DATABASE_URL": pg_dsn,
+            "TREADLE_NATS_URL": nats_server.url,  # type: ignore[attr-defined]
+            "TREADLE_QUEUE_LEASE_SECONDS": "2",
+        },
+        size=3,
+    )
+    try:
+        run_id = _start(cluster, "one_step", "p")
+        workers = cluster.start_workers(
+            TREADLE_TEST_HANG_FIRST_ATTEMPT="1", TREADLE_TEST_HANG_SECONDS="4"
+        )
+        cluster.wait_for_line("p start 1", workers[0])
+        stalled = cluster.worker_that_ran("p", 1)
+        os.kill(stalled.pid, signal.SIGSTOP)
+        run = cluster.wait_for_run(run_id, timeout=60)
+        assert run["status"] == "completed", run
+        assert run["output"] == "p:2"
+        os.kill(stalled.pid, signal.SIGCONT)
+        cluster.wait_for_line("p done 1", stalled, timeout=30)
+        time.sleep(1.0)  # the resumed worker's refused write: asserting nothing more lands
+        timeline = json.loads(cluster.cli("inspect", run_id, "--json"))
+        types = [event["type"] for event in timeline["events"]]
+        assert types.count("step_completed") == 1
+        assert types.count("run_completed") == 1
+        assert types[-1] == "run_completed"
+        assert sorted(cluster.lines()) == sorted(["p start 1", "p start 2", "p done 2", "p done 1"])
+    finally:
+        cluster.stop()
