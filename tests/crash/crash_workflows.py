@@ -15,7 +15,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from treadle import StepFailed, Workflows, step_metadata
+from treadle import StepFailed, Workflows, sleep, step_metadata
 from treadle.world import messages
 from treadle.worlds.local import queue as local_queue
 
@@ -48,6 +48,15 @@ async def retried(name: str) -> str:
 @app.step(max_retries=0)
 async def at_most_once(name: str) -> str:
     return await _body(name)
+
+
+@app.workflow
+async def steady(name: str, n: int) -> int:
+    """n steps, one after another, with a short durable sleep between them."""
+    for i in range(n):
+        await retried(f"{name}{i}")
+        await sleep(0.3)
+    return n
 
 
 @app.workflow

@@ -41,8 +41,17 @@ class Server:
     def dsn(self, database: str = "postgres") -> str:
         return f"postgresql://{SUPERUSER}@127.0.0.1:{self.port}/{database}"
 
+    options: str = ""
+
     def stop(self) -> None:
         _run(self, "pg_ctl", "-D", str(self.data_dir), "-m", "fast", "-w", "stop", timeout=60)
+
+    def restart(self) -> None:
+        """Start the stopped cluster again on the same port, with the same settings."""
+        _run(
+            self, "pg_ctl", "-D", str(self.data_dir), "-l", str(self.log_file), "-w",
+            "-t", "60", "-o", f"-p {self.port} {self.options}", "start",
+        )  # fmt: skip
 
 
 def _package_dir() -> Path:
@@ -133,6 +142,7 @@ def start(directory: Path, *, fast: bool = True) -> Server:
         options = " ".join(
             f"-c {k}={v!r}" if v == "" else f"-c {k}={v}" for k, v in settings.items()
         )
+        server.options = options
         try:
             _run(
                 server, "pg_ctl", "-D", str(data_dir), "-l", str(server.log_file), "-w",
