@@ -59,6 +59,17 @@ async def steady(name: str, n: int) -> int:
     return n
 
 
+@app.step
+async def noop(i: int) -> int:
+    return i
+
+
+@app.workflow
+async def fan(n: int) -> int:
+    """A fanout.py-style workflow: n no-op steps in one gather."""
+    return sum(await asyncio.gather(*(noop(i) for i in range(n))))
+
+
 @app.workflow
 async def one_step(name: str) -> str:
     return await retried(name)
