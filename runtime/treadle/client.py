@@ -147,15 +147,21 @@ class Workflows:
     def workflow(self, fn: Callable[P, Awaitable[R]], /) -> functions.WorkflowFunction[P, R]: ...
     @overload
     def workflow(
-        self, /, *, name: str | None = None
+        self, /, *, name: str | None = None, start_on_latest: bool = False
     ) -> Callable[[Callable[P, Awaitable[R]]], functions.WorkflowFunction[P, R]]: ...
 
-    def workflow(self, fn: Any = None, /, *, name: str | None = None) -> Any:
-        """Register an ``async def`` as a workflow (``@app.workflow`` or ``(name=...)``)."""
+    def workflow(
+        self, fn: Any = None, /, *, name: str | None = None, start_on_latest: bool = False
+    ) -> Any:
+        """Register an ``async def`` as a workflow (``@app.workflow`` or ``(name=...)``).
+
+        ``start_on_latest=True``: its new runs start on the World's latest deployment
+        rather than the starter's, so a chain of runs moves to new code (seed 004).
+        """
 
         def register(f: Callable[..., Awaitable[Any]]) -> functions.WorkflowFunction[..., Any]:
             wf: functions.WorkflowFunction[..., Any] = functions.WorkflowFunction(
-                f, name=name or f.__name__
+                f, name=name or f.__name__, start_on_latest=start_on_latest
             )
             if wf.name in self._workflows:
                 raise ValueError(f"a workflow named {wf.name!r} is registered already")
@@ -291,6 +297,10 @@ class Workflows:
         world = await self.world()
         spec = self.settings.spec_version
         deployment = self.settings.TREADLE_DEPLOYMENT_ID
+        wf = self._workflows.get(name)
+        deployments = getattr(world, "deployments", None)
+        if wf is not None and wf.start_on_latest and deployments is not None:
+            deployment = await deployments.latest() or deployment
         run_id = ids.new_run_id()
         run = await world.runs.create(
             workflow_name=name,

@@ -87,7 +87,15 @@ class _Lazy:
     async def open(self) -> Any:
         if self._world is None:
             self._world = await self._opener()
-            for name in ("capabilities", "runs", "events", "steps", "hooks", "queue"):
+            for name in (
+                "capabilities",
+                "runs",
+                "events",
+                "steps",
+                "hooks",
+                "deployments",
+                "queue",
+            ):
                 setattr(self, name, getattr(self._world, name))
         return self._world
 

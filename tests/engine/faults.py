@@ -124,6 +124,7 @@ class FaultyWorld:
         self.runs = self.inner.runs
         self.steps = self.inner.steps
         self.hooks = self.inner.hooks
+        self.deployments = self.inner.deployments
 
     async def close(self) -> None:
         await self.inner.close()

@@ -230,6 +230,7 @@ async def test_a_message_for_another_deployment_is_rerouted_then_fails(
         replayed.append(1)
         return "ran"
 
+    await world.deployments.register("blue")  # live, but no worker of it here
     run = await world.runs.create(
         workflow_name="flow", input={"args": [], "kwargs": {}}, deployment_id="blue",
         spec_version=9,

@@ -23,7 +23,7 @@ async def test_migrate_applies_once_then_reports_up_to_date(empty_dsn: str) -> N
     """The first run applies every migration; the second has nothing to do."""
     code, out, err = await _treadle("migrate", "--json", dsn=empty_dsn)
     assert code == 0, err
-    assert json.loads(out)["applied"] == [1]
+    assert json.loads(out)["applied"] == [1, 2]
     code, out, err = await _treadle("migrate", dsn=empty_dsn)
     assert code == 0, err
     assert out.strip() == "the schema is up to date"

@@ -32,6 +32,7 @@ class PostgresStorageWorld:
         self.events = storage.events
         self.steps = storage.steps
         self.hooks = storage.hooks
+        self.deployments = storage.deployments
 
     async def close(self) -> None:
         await self.storage.close()

@@ -153,16 +153,16 @@ async def test_every_event_type_round_trips_through_jsonb(pg_dsn: str) -> None:
 
 
 async def test_migrate_twice_applies_nothing_the_second_time(empty_dsn: str) -> None:
-    assert await migrate(empty_dsn) == [1]
+    assert await migrate(empty_dsn) == [1, 2]
     assert await migrate(empty_dsn) == []
     async with await PostgresStorage.connect(empty_dsn) as storage:
         assert (await storage.runs.list()).runs == ()
 
 
 async def test_concurrent_migrations_apply_each_version_once(empty_dsn: str) -> None:
-    """The advisory lock: two processes migrating at once apply version 1 once between them."""
+    """The advisory lock: two processes migrating at once apply each version once between them."""
     first, second = await asyncio.gather(migrate(empty_dsn), migrate(empty_dsn))
-    assert sorted([first, second]) == [[], [1]]
+    assert sorted([first, second]) == [[], list(range(1, latest_version() + 1))]
 
 
 async def test_connect_refuses_a_database_without_the_schema(empty_dsn: str) -> None:
@@ -174,11 +174,12 @@ async def test_check_schema_names_migrate_when_the_database_is_behind(
     pg_dsn: str, conn: asyncpg.Connection, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A treadle with a migration the database lacks refuses it until `treadle migrate`."""
-    assert await check_schema(conn) == 1
-    monkeypatch.setattr(migrate_module, "latest_version", lambda: 2)
+    current = latest_version()
+    assert await check_schema(conn) == current
+    monkeypatch.setattr(migrate_module, "latest_version", lambda: current + 1)
     with pytest.raises(errors.IncompatibleStorage) as behind:
         await check_schema(conn)
-    assert "version 1, behind this treadle's 2" in str(behind.value)
+    assert f"version {current}, behind this treadle's {current + 1}" in str(behind.value)
     assert "run `treadle migrate`" in str(behind.value)
     with pytest.raises(errors.IncompatibleStorage, match="run `treadle migrate`"):
         await PostgresStorage.connect(pg_dsn)
@@ -190,7 +191,8 @@ async def test_check_schema_refuses_a_database_from_a_newer_treadle(
     await conn.execute(
         "INSERT INTO treadle_schema_version (version, name, checksum) VALUES (99, 'future', '')"
     )
-    with pytest.raises(errors.IncompatibleStorage, match="newer than this treadle's 1"):
+    newer = f"newer than this treadle's {latest_version()}"
+    with pytest.raises(errors.IncompatibleStorage, match=newer):
         await check_schema(conn)
     with pytest.raises(errors.IncompatibleStorage, match="upgrade treadle"):
         await PostgresStorage.connect(pg_dsn)

@@ -85,3 +85,19 @@ async def test_a_closed_world_refuses_calls(tmp_path: Path) -> None:
     await world.close()
     with pytest.raises(errors.StorageUnavailable, match="closed"):
         await runs.list()
+
+
+async def test_a_version_1_database_is_upgraded_in_place(tmp_path: Path) -> None:
+    """A World written before deployments were recorded gains the table when opened."""
+    world = await LocalWorld(tmp_path / "w").open()
+    run = await world.runs.create(workflow_name="wf", input=None, deployment_id="d", spec_version=9)
+    await world.close()
+    conn = sqlite3.connect(tmp_path / "w" / DATABASE_FILE)
+    conn.execute("DROP TABLE deployments")
+    conn.execute("PRAGMA user_version = 1")
+    conn.commit()
+    conn.close()
+    async with LocalWorld(tmp_path / "w") as reopened:
+        assert (await reopened.runs.get(run.run_id)).run_id == run.run_id
+        await reopened.deployments.register("d")
+        assert await reopened.deployments.latest() == "d"

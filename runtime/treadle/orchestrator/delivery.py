@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from treadle import errors, serde
-from treadle.orchestrator import decisions, steps, timers
+from treadle.orchestrator import decisions, pinning, steps, timers
 from treadle.orchestrator.runtime import Runtime
 from treadle.orchestrator.session import RunSession
 from treadle.orchestrator.writer import Superseded
@@ -87,6 +87,9 @@ class OrchestratorDelivery:
         state = self.session.state
         if state.terminal is not None:
             return messages.ACK
+        if state.deployment_id not in (None, self.rt.deployment_id):
+            assert state.deployment_id is not None
+            return await pinning.reroute(self.rt, self.message, state.deployment_id)
         if state.spec_version not in constants.SUPPORTED_SPEC_VERSIONS:
             # Another release's run format: leave it, untouched, for a worker that has it.
             log.error(

@@ -11,21 +11,19 @@ and a plain wake with nothing new since this process last consumed the run
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from typing import Literal
 
 from treadle import errors
-from treadle.orchestrator import steps, timers
+from treadle.orchestrator import pinning, steps, timers
 from treadle.orchestrator.delivery import OrchestratorDelivery
 from treadle.orchestrator.runtime import Runtime
-from treadle.world import contract, events, messages
+from treadle.world import contract, messages
 
 log = logging.getLogger("treadle.orchestrator.worker")
 
 Role = Literal["all", "orchestrator", "steps"]
-MAX_REROUTES = 3
 
 
 class Worker:
@@ -36,6 +34,9 @@ class Worker:
         self._consumer: contract.Consumer | None = None
 
     async def start(self) -> None:
+        deployments = getattr(self.rt.world, "deployments", None)
+        if deployments is not None:
+            await deployments.register(self.rt.deployment_id)
         handlers: dict[messages.MessageKind, contract.Handler] = {}
         if self.role in ("all", "orchestrator"):
             handlers["orchestrator"] = self.handle
@@ -58,7 +59,7 @@ class Worker:
         if message.is_intermediate_hop:
             return await self._hop(message)
         if message.deployment_id not in (None, self.rt.deployment_id):
-            return await self._reroute(message)
+            return await pinning.reroute(self.rt, message, message.deployment_id)
         if await self._nothing_new(message, meta):
             return messages.ACK
         return await OrchestratorDelivery(self.rt, message, meta).run()
@@ -84,32 +85,6 @@ class Worker:
             max_hop_ms=int(self.rt.settings.WORKFLOW_WAIT_CONTINUATION_MAX_DELAY_SECONDS * 1000),
         )
         await self.rt.world.queue.send_batch([send])
-        return messages.ACK
-
-    async def _reroute(self, message: messages.OrchestratorMessage) -> messages.HandlerResult:
-        """A delivery for another deployment's run is not replayed here."""
-        if message.reroute_count < MAX_REROUTES:
-            delay = 2.0**message.reroute_count
-            log.warning(
-                "run %s: message for deployment %s reached %s; re-sending in %.0f s",
-                message.run_id,
-                message.deployment_id,
-                self.rt.deployment_id,
-                delay,
-            )
-            copy = message.model_copy(update={"reroute_count": message.reroute_count + 1})
-            await self.rt.world.queue.send(copy, delay_seconds=delay)
-            return messages.ACK
-        error = events.ErrorInfo(
-            message=f"run {message.run_id} is pinned to deployment {message.deployment_id}, "
-            f"which did not take its deliveries after {MAX_REROUTES} re-routes",
-            type="DeploymentMismatch",
-            code="DEPLOYMENT_MISMATCH",
-        )
-        with contextlib.suppress(errors.RunExpired, errors.RunNotFound):
-            await self.rt.world.events.create(
-                message.run_id, events.RunFailed(error=error), in_band=False
-            )
         return messages.ACK
 
     async def _nothing_new(

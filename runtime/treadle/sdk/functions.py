@@ -90,11 +90,15 @@ class StepFunction(Generic[P, R]):
 class WorkflowFunction(Generic[P, R]):
     """A function decorated with ``@app.workflow``."""
 
-    def __init__(self, fn: Callable[P, Awaitable[R]], *, name: str) -> None:
+    def __init__(
+        self, fn: Callable[P, Awaitable[R]], *, name: str, start_on_latest: bool = False
+    ) -> None:
         if not inspect.iscoroutinefunction(fn):
             raise TypeError(f"workflow {name} must be an async def function")
         self.fn = fn
         self.name = name
+        # New runs go to the World's latest deployment, not the starter's (chains move on).
+        self.start_on_latest = start_on_latest
         functools.update_wrapper(self, fn)
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> Awaitable[R]:

@@ -167,6 +167,25 @@ class Hooks(Protocol):
         ...
 
 
+class Deployments(Protocol):
+    """The deployment revisions that serve runs, and which is the latest.
+
+    A worker registers its deployment when it starts; the latest is the most
+    recently first-registered one not retired. A run pinned to a deployment that
+    is unknown or retired cannot be served (``DeploymentMismatch``).
+    """
+
+    async def register(self, deployment_id: str) -> records.DeploymentRecord:
+        """Record the deployment (idempotent: a second call keeps the first time)."""
+        ...
+
+    async def get(self, deployment_id: str) -> records.DeploymentRecord | None: ...
+
+    async def latest(self) -> str | None: ...
+
+    async def retire(self, deployment_id: str) -> None: ...
+
+
 class Consumer(Protocol):
     async def close(self, *, grace_seconds: float = 30.0) -> None:
         """Stop taking deliveries; wait up to ``grace_seconds`` for running ones.
@@ -219,6 +238,7 @@ class World(Protocol):
     events: Events
     steps: Steps
     hooks: Hooks
+    deployments: Deployments
     queue: Queue
 
     async def close(self) -> None: ...

@@ -123,6 +123,15 @@ class StepRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class DeploymentRecord:
+    """A deployment revision the World has seen: when it first registered, whether retired."""
+
+    deployment_id: str
+    created_at: datetime
+    retired: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class HookRecord:
     """A live hook: its token is held until it is disposed or its run ends."""
 

@@ -42,6 +42,7 @@ class PostgresNatsWorld:
         self.events: contract.Events = storage.events
         self.steps: contract.Steps = storage.steps
         self.hooks: contract.Hooks = storage.hooks
+        self.deployments: contract.Deployments = storage.deployments
         self.queue: contract.Queue = queue
 
     @classmethod

@@ -228,3 +228,22 @@ class StorageViewsConformance:
                 run_id, storage.attr("b"), in_band=True, expected_seq_in_band=3, event_count=4
             )
             assert result.event.slot == 5
+
+    async def test_deployments_are_recorded_and_the_latest_is_known(
+        self, harness: WorldHarness
+    ) -> None:
+        """register is idempotent; the latest is the newest not retired; get says retired."""
+        first, second = storage.unique("blue"), storage.unique("green")
+        async with storage.opened(harness) as world:
+            made = await world.deployments.register(first)
+            again = await world.deployments.register(first)
+            assert again == made
+            assert not made.retired
+            await world.deployments.register(second)
+            assert await world.deployments.latest() == second
+            await world.deployments.retire(second)
+            assert await world.deployments.latest() == first
+            record = await world.deployments.get(second)
+            assert record is not None
+            assert record.retired
+            assert await world.deployments.get(storage.unique("never")) is None

@@ -34,7 +34,15 @@ log = logging.getLogger("treadle.worlds.local")
 
 T = TypeVar("T")
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+# Statements that bring a database at version N - 1 to version N.
+UPGRADES = {
+    2: [
+        "CREATE TABLE IF NOT EXISTS deployments (deployment_id TEXT PRIMARY KEY, "
+        "created_at INTEGER NOT NULL, registered INTEGER NOT NULL, "
+        "retired INTEGER NOT NULL DEFAULT 0)"
+    ],
+}
 # "trdl": marks a SQLite file as a treadle local World.
 APPLICATION_ID = 0x7472646C
 DATABASE_FILE = "treadle.db"
@@ -167,6 +175,8 @@ def _connect(path: Path) -> sqlite3.Connection:
                 f"{path} has schema version {version}, newer than this treadle's "
                 f"{SCHEMA_VERSION}; upgrade treadle to open it"
             )
+        if version < SCHEMA_VERSION:
+            _upgrade(conn, version)
         integrity = conn.execute("PRAGMA quick_check").fetchone()[0]
         if integrity != "ok":
             raise errors.IncompatibleStorage(f"{path} is corrupt: {integrity}")
@@ -194,6 +204,15 @@ def _create_schema(conn: sqlite3.Connection) -> None:
         conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
         conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
     log.debug("created local World schema v%d at %s", SCHEMA_VERSION, conn)
+
+
+def _upgrade(conn: sqlite3.Connection, version: int) -> None:
+    with transaction(conn):
+        for target in range(version + 1, SCHEMA_VERSION + 1):
+            for statement in UPGRADES[target]:
+                conn.execute(statement)
+        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+    log.info("upgraded local World schema from v%d to v%d", version, SCHEMA_VERSION)
 
 
 def _close_sync(conn: sqlite3.Connection, lock: IO[str] | None) -> None:

@@ -1,4 +1,4 @@
--- treadle local World, schema version 1.
+-- treadle local World, schema version 2.
 -- Times are integer microseconds since the epoch (UTC).
 
 CREATE TABLE treadle_meta (
@@ -108,4 +108,12 @@ CREATE TABLE queue_dead_letters (
     delivery_count  INTEGER NOT NULL,
     last_error      TEXT,
     dead_at         INTEGER NOT NULL
+);
+
+-- Deployment revisions that serve runs (schema version 2).
+CREATE TABLE deployments (
+    deployment_id  TEXT PRIMARY KEY,
+    created_at     INTEGER NOT NULL,
+    registered     INTEGER NOT NULL,
+    retired        INTEGER NOT NULL DEFAULT 0
 );

@@ -19,7 +19,7 @@ from pydantic import JsonValue
 from treadle import errors
 from treadle.world import contract, events, ids, records
 from treadle.worlds.local import eventlog
-from treadle.worlds.local.database import Database
+from treadle.worlds.local.database import Database, now_us, transaction
 from treadle.worlds.local.eventlog import EVENT_COLUMNS, from_us, row_to_event
 from treadle.worlds.local.feed import Feed, Subscription
 
@@ -366,3 +366,65 @@ class LocalHooks:
             created_at=from_us(cast(int, row[3])),
             metadata=_opt_json(cast(str | None, row[4])),
         )
+
+
+def _deployment(row: tuple[object, ...]) -> records.DeploymentRecord:
+    return records.DeploymentRecord(
+        deployment_id=str(row[0]), created_at=from_us(cast(int, row[1])), retired=bool(row[2])
+    )
+
+
+class LocalDeployments:
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    async def register(self, deployment_id: str) -> records.DeploymentRecord:
+        if not deployment_id:
+            raise errors.WorldContractError("a deployment id must not be empty")
+
+        def upsert(conn: sqlite3.Connection) -> tuple[object, ...]:
+            with transaction(conn):
+                conn.execute(
+                    "INSERT OR IGNORE INTO deployments (deployment_id, created_at, registered) "
+                    "VALUES (?, ?, (SELECT COALESCE(MAX(registered), 0) + 1 FROM deployments))",
+                    (deployment_id, now_us()),
+                )
+                row: tuple[object, ...] = conn.execute(
+                    "SELECT deployment_id, created_at, retired FROM deployments "
+                    "WHERE deployment_id = ?",
+                    (deployment_id,),
+                ).fetchone()
+                return row
+
+        return _deployment(await self._db.call(upsert))
+
+    async def get(self, deployment_id: str) -> records.DeploymentRecord | None:
+        def query(conn: sqlite3.Connection) -> tuple[object, ...] | None:
+            row: tuple[object, ...] | None = conn.execute(
+                "SELECT deployment_id, created_at, retired FROM deployments "
+                "WHERE deployment_id = ?",
+                (deployment_id,),
+            ).fetchone()
+            return row
+
+        row = await self._db.call(query)
+        return None if row is None else _deployment(row)
+
+    async def latest(self) -> str | None:
+        def query(conn: sqlite3.Connection) -> str | None:
+            row = conn.execute(
+                "SELECT deployment_id FROM deployments WHERE retired = 0 "
+                "ORDER BY registered DESC LIMIT 1"
+            ).fetchone()
+            return None if row is None else str(row[0])
+
+        return await self._db.call(query)
+
+    async def retire(self, deployment_id: str) -> None:
+        def update(conn: sqlite3.Connection) -> None:
+            with transaction(conn):
+                conn.execute(
+                    "UPDATE deployments SET retired = 1 WHERE deployment_id = ?", (deployment_id,)
+                )
+
+        await self._db.call(update)

@@ -39,6 +39,7 @@ class LocalWorld:
         self.events: contract.Events = storage.LocalEvents(db, self.feed)
         self.steps: contract.Steps = storage.LocalSteps(db)
         self.hooks: contract.Hooks = storage.LocalHooks(db)
+        self.deployments: contract.Deployments = storage.LocalDeployments(db)
         self.local_queue = queue.LocalQueue(db, self.tuning)
         self.queue: contract.Queue = self.local_queue
         return self

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from pydantic import JsonValue
 
@@ -245,6 +246,53 @@ class PostgresHooks:
         return rows.hook_record(row)
 
 
+class PostgresDeployments:
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    async def register(self, deployment_id: str) -> records.DeploymentRecord:
+        if not deployment_id:
+            raise errors.WorldContractError("a deployment id must not be empty")
+        row = await self._db.fetchrow(
+            "WITH added AS (INSERT INTO treadle_deployments (deployment_id) VALUES ($1) "
+            "ON CONFLICT DO NOTHING RETURNING deployment_id, created_at, retired) "
+            "SELECT * FROM added UNION ALL SELECT deployment_id, created_at, retired "
+            "FROM treadle_deployments WHERE deployment_id = $1 LIMIT 1",
+            deployment_id,
+        )
+        assert row is not None
+        return _deployment(row)
+
+    async def get(self, deployment_id: str) -> records.DeploymentRecord | None:
+        row = await self._db.fetchrow(
+            "SELECT deployment_id, created_at, retired FROM treadle_deployments "
+            "WHERE deployment_id = $1",
+            deployment_id,
+        )
+        return None if row is None else _deployment(row)
+
+    async def latest(self) -> str | None:
+        row = await self._db.fetchrow(
+            "SELECT deployment_id FROM treadle_deployments WHERE NOT retired "
+            "ORDER BY registered DESC LIMIT 1"
+        )
+        return None if row is None else str(row["deployment_id"])
+
+    async def retire(self, deployment_id: str) -> None:
+        await self._db.fetch(
+            "UPDATE treadle_deployments SET retired = true WHERE deployment_id = $1",
+            deployment_id,
+        )
+
+
+def _deployment(row: Any) -> records.DeploymentRecord:
+    return records.DeploymentRecord(
+        deployment_id=str(row["deployment_id"]),
+        created_at=row["created_at"],
+        retired=bool(row["retired"]),
+    )
+
+
 class PostgresStorage:
     """The storage half of the Postgres World: ``runs``, ``events``, ``steps``, ``hooks``."""
 
@@ -255,6 +303,7 @@ class PostgresStorage:
         self.events: contract.Events = PostgresEvents(db, self.feed)
         self.steps: contract.Steps = PostgresSteps(db)
         self.hooks: contract.Hooks = PostgresHooks(db)
+        self.deployments: contract.Deployments = PostgresDeployments(db)
         self._closed = False
 
     @classmethod
