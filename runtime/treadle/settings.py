@@ -83,6 +83,33 @@ class Settings(BaseSettings):
     TREADLE_NATS_URL: SecretStr | None = Field(
         default=None, description="NATS URL of the postgres World's queue (never logged)."
     )
+    TREADLE_DATABASE_URL_FILE: str | None = Field(
+        default=None,
+        description="A file holding TREADLE_DATABASE_URL (a mounted secret); read at start.",
+    )
+    TREADLE_NATS_URL_FILE: str | None = Field(
+        default=None,
+        description="A file holding TREADLE_NATS_URL (a mounted secret); read at start.",
+    )
+
+    def secret_url(self, name: str) -> str | None:
+        """``NAME``, or the first line of the file ``NAME_FILE`` names (never logged)."""
+        value = getattr(self, name)
+        if isinstance(value, SecretStr) and value.get_secret_value():
+            return value.get_secret_value()
+        path = getattr(self, f"{name}_FILE")
+        if not path:
+            return None
+        try:
+            with open(path) as secret:
+                text = secret.readline().strip()
+        except OSError as exc:
+            raise errors.SettingsError(
+                f"{name}_FILE={path!r} cannot be read: {exc.strerror}"
+            ) from None
+        if not text:
+            raise errors.SettingsError(f"{name}_FILE={path!r} is empty")
+        return text
 
     @field_validator("WORKFLOW_MAX_INLINE_STEPS")
     @classmethod

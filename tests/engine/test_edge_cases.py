@@ -8,6 +8,7 @@ asserts that the run completes and each step body ran as the model promises.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import Counter
 
 import pytest
@@ -121,7 +122,11 @@ async def test_lost_completion_wake_is_sent_again_by_the_step_redelivery(
     run = await app.start(flow)
     assert await run.result(timeout=15) == "done"
     assert ran == Counter({"work": 1})
-    step_answers = [a for a in faulty.queue.answers if a.kind == "step"]
+    # The redelivery's wake completes the run before its own answer is recorded: wait for it.
+    deadline = time.monotonic() + 10
+    while len(step_answers := [a for a in faulty.queue.answers if a.kind == "step"]) < 2:
+        assert time.monotonic() < deadline, "the step message was never delivered again"
+        await asyncio.sleep(0.02)
     assert step_answers[0].error is not None
     assert step_answers[1].meta.delivery_count == 2 and step_answers[1].result == messages.ACK
 

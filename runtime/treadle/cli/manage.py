@@ -174,9 +174,7 @@ async def cmd_settings(args: argparse.Namespace) -> int:
 async def cmd_migrate(args: argparse.Namespace) -> int:
     """Apply pending Postgres migrations, in order, each in its own transaction."""
     current = common.use_world(args.world)
-    dsn = args.database_url
-    if dsn is None and current.TREADLE_DATABASE_URL is not None:
-        dsn = current.TREADLE_DATABASE_URL.get_secret_value()
+    dsn = args.database_url or current.secret_url("TREADLE_DATABASE_URL")
     if not dsn:
         raise common.UsageError("migrate needs --database-url or TREADLE_DATABASE_URL")
     from treadle.worlds.postgres import migrate

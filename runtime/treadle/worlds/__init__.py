@@ -36,13 +36,16 @@ async def open_world(
         from treadle.worlds.production import PostgresNatsWorld
 
         config = settings or load()
-        if config.TREADLE_DATABASE_URL is None or config.TREADLE_NATS_URL is None:
+        database_url = config.secret_url("TREADLE_DATABASE_URL")
+        nats_url = config.secret_url("TREADLE_NATS_URL")
+        if database_url is None or nats_url is None:
             raise errors.SettingsError(
-                "TREADLE_WORLD=postgres needs TREADLE_DATABASE_URL and TREADLE_NATS_URL"
+                "TREADLE_WORLD=postgres needs TREADLE_DATABASE_URL and TREADLE_NATS_URL "
+                "(or TREADLE_DATABASE_URL_FILE and TREADLE_NATS_URL_FILE)"
             )
         return await PostgresNatsWorld.connect(
-            config.TREADLE_DATABASE_URL.get_secret_value(),
-            config.TREADLE_NATS_URL.get_secret_value(),
+            database_url,
+            nats_url,
             deployment_id=config.TREADLE_DEPLOYMENT_ID,
             tuning=tuning,
         )
