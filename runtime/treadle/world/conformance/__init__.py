@@ -23,6 +23,7 @@ import pytest
 # Failures in the suites show the values compared, as in a test module.
 pytest.register_assert_rewrite(
     "treadle.world.conformance.storage",
+    "treadle.world.conformance.support",
     "treadle.world.conformance.storage_views",
     "treadle.world.conformance.queue",
     "treadle.world.conformance.queue_gating",

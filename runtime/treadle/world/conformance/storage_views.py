@@ -15,7 +15,7 @@ import pytest
 
 from treadle import errors
 from treadle.world import events
-from treadle.world.conformance import storage
+from treadle.world.conformance import support
 from treadle.world.conformance.harness import WorldHarness
 
 
@@ -24,91 +24,91 @@ class StorageViewsConformance:
 
     async def test_live_hook_holds_its_token(self, harness: WorldHarness) -> None:
         """hooks.get_by_token finds the live hook holding a token; HookNotFound otherwise."""
-        async with storage.opened(harness) as world:
-            run_id = await storage.started_run(world)
-            token = storage.unique("token")
-            await storage.in_band(world, run_id, storage.hook_created("hook_1", token))
+        async with support.opened(harness) as world:
+            run_id = await support.started_run(world)
+            token = support.unique("token")
+            await support.in_band(world, run_id, support.hook_created("hook_1", token))
             hook = await world.hooks.get_by_token(token)
             assert (hook.token, hook.run_id, hook.hook_id) == (token, run_id, "hook_1")
             with pytest.raises(errors.HookNotFound):
-                await world.hooks.get_by_token(storage.unique("token"))
+                await world.hooks.get_by_token(support.unique("token"))
 
     async def test_hook_created_for_a_held_token_stores_hook_conflict(
         self, harness: WorldHarness
     ) -> None:
         """A hook_created for a held token stores hook_conflict in the creator's log instead."""
-        async with storage.opened(harness) as world:
-            holder, creator = await storage.started_run(world), await storage.started_run(world)
-            token = storage.unique("token")
-            await storage.in_band(world, holder, storage.hook_created("hook_1", token))
-            result = await storage.in_band(world, creator, storage.hook_created("hook_b", token))
+        async with support.opened(harness) as world:
+            holder, creator = await support.started_run(world), await support.started_run(world)
+            token = support.unique("token")
+            await support.in_band(world, holder, support.hook_created("hook_1", token))
+            result = await support.in_band(world, creator, support.hook_created("hook_b", token))
             assert result.allocated == 1
             conflict = result.event.event
             assert isinstance(conflict, events.HookConflict)
             assert (conflict.token, conflict.holder_run_id) == (token, holder)
             assert conflict.correlation_id == "hook_b"
-            logged = await storage.full_log(world, creator)
+            logged = await support.full_log(world, creator)
             assert logged[result.event.slot - 1].event == conflict
             assert (await world.hooks.get_by_token(token)).run_id == holder
 
     async def test_disposed_hook_frees_its_token(self, harness: WorldHarness) -> None:
         """After hook_disposed the token is free and another run's hook can take it."""
-        async with storage.opened(harness) as world:
-            first, second = await storage.started_run(world), await storage.started_run(world)
-            token = storage.unique("token")
-            await storage.in_band(world, first, storage.hook_created("hook_1", token))
-            await storage.in_band(world, first, events.HookDisposed(correlation_id="hook_1"))
+        async with support.opened(harness) as world:
+            first, second = await support.started_run(world), await support.started_run(world)
+            token = support.unique("token")
+            await support.in_band(world, first, support.hook_created("hook_1", token))
+            await support.in_band(world, first, events.HookDisposed(correlation_id="hook_1"))
             with pytest.raises(errors.HookNotFound):
                 await world.hooks.get_by_token(token)
-            result = await storage.in_band(world, second, storage.hook_created("hook_2", token))
+            result = await support.in_band(world, second, support.hook_created("hook_2", token))
             assert result.event.type == "hook_created"
             hook = await world.hooks.get_by_token(token)
             assert (hook.run_id, hook.hook_id) == (second, "hook_2")
 
-    @pytest.mark.parametrize("ending", storage.ENDINGS)
+    @pytest.mark.parametrize("ending", support.ENDINGS)
     async def test_run_end_frees_its_live_hooks(self, harness: WorldHarness, ending: str) -> None:
         """A run's terminal event frees its live hooks (seed 003 "Terminal hook disposal")."""
-        async with storage.opened(harness) as world:
-            run_id, other = await storage.started_run(world), await storage.started_run(world)
-            token = storage.unique("token")
-            await storage.in_band(world, run_id, storage.hook_created("hook_1", token))
-            await storage.end_run(world, run_id, ending)
+        async with support.opened(harness) as world:
+            run_id, other = await support.started_run(world), await support.started_run(world)
+            token = support.unique("token")
+            await support.in_band(world, run_id, support.hook_created("hook_1", token))
+            await support.end_run(world, run_id, ending)
             with pytest.raises(errors.HookNotFound):
                 await world.hooks.get_by_token(token)
-            result = await storage.in_band(world, other, storage.hook_created("hook_2", token))
+            result = await support.in_band(world, other, support.hook_created("hook_2", token))
             assert result.event.type == "hook_created"
 
     async def test_hook_received_is_accepted_while_the_hook_lives(
         self, harness: WorldHarness
     ) -> None:
         """A resume's out-of-band hook_received for a live hook is appended to its run's log."""
-        async with storage.opened(harness) as world:
-            run_id = await storage.started_run(world)
-            token = storage.unique("token")
-            await storage.in_band(world, run_id, storage.hook_created("hook_1", token))
+        async with support.opened(harness) as world:
+            run_id = await support.started_run(world)
+            token = support.unique("token")
+            await support.in_band(world, run_id, support.hook_created("hook_1", token))
             hook = await world.hooks.get_by_token(token)
             received = events.HookReceived(correlation_id=hook.hook_id, payload={"x": 1})
-            result = await storage.out_of_band(world, hook.run_id, received)
+            result = await support.out_of_band(world, hook.run_id, received)
             assert (result.allocated, result.event.in_band) == (1, False)
-            assert (await storage.full_log(world, run_id))[-1].event == received
+            assert (await support.full_log(world, run_id))[-1].event == received
 
     async def test_steps_list_folds_step_events(self, harness: WorldHarness) -> None:
         """steps.list and steps.get fold status, attempt, name and inline from step events."""
-        async with storage.opened(harness) as world:
-            run_id = await storage.started_run(world)
-            await storage.in_band(world, run_id, storage.inline_start("s1"))
-            await storage.in_band(world, run_id, storage.step_completed("s1"))
-            await storage.in_band(world, run_id, storage.step_created("s2"))
+        async with support.opened(harness) as world:
+            run_id = await support.started_run(world)
+            await support.in_band(world, run_id, support.inline_start("s1"))
+            await support.in_band(world, run_id, support.step_completed("s1"))
+            await support.in_band(world, run_id, support.step_created("s2"))
             for event in (
                 events.StepStarted(correlation_id="s2", step_name="fetch", attempt=1),
                 events.StepRetrying(
-                    correlation_id="s2", step_name="fetch", attempt=1, error=storage.BOOM
+                    correlation_id="s2", step_name="fetch", attempt=1, error=support.BOOM
                 ),
                 events.StepStarted(correlation_id="s2", step_name="fetch", attempt=2),
-                storage.step_failed("s2", attempt=2),
+                support.step_failed("s2", attempt=2),
             ):
-                await storage.out_of_band(world, run_id, event)
-            await storage.in_band(world, run_id, storage.step_created("s3"))
+                await support.out_of_band(world, run_id, event)
+            await support.in_band(world, run_id, support.step_created("s3"))
             steps = {s.step_id: s for s in await world.steps.list(run_id)}
             assert set(steps) == {"s1", "s2", "s3"}
             s1, s2, s3 = steps["s1"], steps["s2"], steps["s3"]
@@ -116,7 +116,7 @@ class StorageViewsConformance:
             assert s1.result == 3
             assert s1.completed_at is not None
             assert (s2.status, s2.attempt, s2.step_name, s2.inline) == ("failed", 2, "fetch", False)
-            assert s2.error == storage.BOOM
+            assert s2.error == support.BOOM
             assert (s3.status, s3.inline) == ("created", False)
             assert await world.steps.get(run_id, "s1") == s1
 
@@ -124,13 +124,13 @@ class StorageViewsConformance:
         self, harness: WorldHarness
     ) -> None:
         """runs.list keeps only the runs matching status, workflow_name and deployment_id."""
-        async with storage.opened(harness) as world:
-            name, other_name = storage.unique("wf"), storage.unique("wf")
-            done = await storage.started_run(world, workflow_name=name)
-            await storage.end_run(world, done, "completed")
-            running = await storage.started_run(world, workflow_name=name)
-            deployment = storage.unique("dpl")
-            elsewhere = await storage.new_run(
+        async with support.opened(harness) as world:
+            name, other_name = support.unique("wf"), support.unique("wf")
+            done = await support.started_run(world, workflow_name=name)
+            await support.end_run(world, done, "completed")
+            running = await support.started_run(world, workflow_name=name)
+            deployment = support.unique("dpl")
+            elsewhere = await support.new_run(
                 world, workflow_name=other_name, deployment_id=deployment
             )
             by_name = await world.runs.list(workflow_name=name)
@@ -148,9 +148,9 @@ class StorageViewsConformance:
 
     async def test_runs_list_pages_without_duplicates(self, harness: WorldHarness) -> None:
         """runs.list(limit=2) pages through next_cursor, each run exactly once."""
-        async with storage.opened(harness) as world:
-            name = storage.unique("wf")
-            created = {(await storage.new_run(world, workflow_name=name)).run_id for _ in range(5)}
+        async with support.opened(harness) as world:
+            name = support.unique("wf")
+            created = {(await support.new_run(world, workflow_name=name)).run_id for _ in range(5)}
             seen: list[str] = []
             cursor: str | None = None
             for _ in range(10):
@@ -166,10 +166,10 @@ class StorageViewsConformance:
         self, harness: WorldHarness
     ) -> None:
         """events.subscribe pushes every committed event after after_slot, in slot order."""
-        async with storage.opened(harness) as world:
+        async with support.opened(harness) as world:
             if not world.capabilities.live_feed:
                 pytest.skip("the World declares no live feed")
-            run_id = await storage.started_run(world)
+            run_id = await support.started_run(world)
             loop = asyncio.get_running_loop()
             pushed: asyncio.Queue[events.LoggedEvent] = asyncio.Queue()
             failures: list[BaseException] = []
@@ -180,52 +180,52 @@ class StorageViewsConformance:
             subscription = world.events.subscribe(run_id, 1, on_event, failures.append)
             try:
                 await asyncio.gather(
-                    storage.in_band(world, run_id, storage.attr("in")),
+                    support.in_band(world, run_id, support.attr("in")),
                     *(
-                        storage.out_of_band(world, run_id, storage.attr(f"out{i}"))
+                        support.out_of_band(world, run_id, support.attr(f"out{i}"))
                         for i in range(4)
                     ),
                 )
-                await storage.in_band(world, run_id, storage.attr("last"))
+                await support.in_band(world, run_id, support.attr("last"))
                 seq = (await world.runs.get(run_id)).seq
                 received = [
-                    await asyncio.wait_for(pushed.get(), storage.WAIT_SECONDS)
+                    await asyncio.wait_for(pushed.get(), support.WAIT_SECONDS)
                     for _ in range(2, seq + 1)
                 ]
-                logged = await storage.full_log(world, run_id)
-                assert [storage.stored(e) for e in received] == [
-                    storage.stored(e) for e in logged[1:]
+                logged = await support.full_log(world, run_id)
+                assert [support.stored(e) for e in received] == [
+                    support.stored(e) for e in logged[1:]
                 ]
             finally:
                 subscription.close()
-            await storage.out_of_band(world, run_id, storage.attr("after close"))
-            await asyncio.sleep(storage.QUIET_SECONDS)
+            await support.out_of_band(world, run_id, support.attr("after close"))
+            await asyncio.sleep(support.QUIET_SECONDS)
             assert pushed.empty()
             assert failures == []
 
     async def test_writes_survive_a_restart(self, harness: WorldHarness) -> None:
         """Events, counters and hooks survive close and reopen; the fence holds across it."""
-        token = storage.unique("token")
-        async with storage.opened(harness) as world:
-            run_id = await storage.started_run(world)
-            await storage.in_band(world, run_id, storage.hook_created("hook_1", token))
-            await storage.out_of_band(world, run_id, storage.attr("a"))
-            before = await storage.log_and_snapshot(world, run_id)
+        token = support.unique("token")
+        async with support.opened(harness) as world:
+            run_id = await support.started_run(world)
+            await support.in_band(world, run_id, support.hook_created("hook_1", token))
+            await support.out_of_band(world, run_id, support.attr("a"))
+            before = await support.log_and_snapshot(world, run_id)
             run = await world.runs.get(run_id)
-        async with storage.opened(harness) as world:
-            assert await storage.log_and_snapshot(world, run_id) == before
+        async with support.opened(harness) as world:
+            assert await support.log_and_snapshot(world, run_id) == before
             assert await world.runs.get(run_id) == run
             assert (await world.hooks.get_by_token(token)).run_id == run_id
             with pytest.raises(errors.InBandSuperseded):
                 await world.events.create(
                     run_id,
-                    storage.attr("stale"),
+                    support.attr("stale"),
                     in_band=True,
                     expected_seq_in_band=2,
                     event_count=2,
                 )
             result = await world.events.create(
-                run_id, storage.attr("b"), in_band=True, expected_seq_in_band=3, event_count=4
+                run_id, support.attr("b"), in_band=True, expected_seq_in_band=3, event_count=4
             )
             assert result.event.slot == 5
 
@@ -233,8 +233,8 @@ class StorageViewsConformance:
         self, harness: WorldHarness
     ) -> None:
         """register is idempotent; the latest is the newest not retired; get says retired."""
-        first, second = storage.unique("blue"), storage.unique("green")
-        async with storage.opened(harness) as world:
+        first, second = support.unique("blue"), support.unique("green")
+        async with support.opened(harness) as world:
             made = await world.deployments.register(first)
             again = await world.deployments.register(first)
             assert again == made
@@ -246,4 +246,4 @@ class StorageViewsConformance:
             record = await world.deployments.get(second)
             assert record is not None
             assert record.retired
-            assert await world.deployments.get(storage.unique("never")) is None
+            assert await world.deployments.get(support.unique("never")) is None
