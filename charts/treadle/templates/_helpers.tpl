@@ -1,0 +1,33 @@
+{{/*
+Named templates shared by the chart's manifests. The templates keep to a small
+Go-template subset that tests/chart/render.py renders without Helm.
+*/}}
+
+{{/* The prefix of every object's name: the release name unless overridden. */}}
+{{- define "treadle.fullname" -}}
+{{ default .Release.Name .Values.fullnameOverride }}
+{{- end }}
+
+{{/* Labels that select the operator's pods; never change them on upgrade. */}}
+{{- define "treadle.selectorLabels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+{{- end }}
+
+{{/* Labels on every object of the release. */}}
+{{- define "treadle.labels" -}}
+{{ include "treadle.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/part-of: treadle
+app.kubernetes.io/managed-by: Helm
+{{- end }}
+
+{{/* The operator's ServiceAccount: the name given, else the full name. */}}
+{{- define "treadle.serviceAccountName" -}}
+{{- if .Values.serviceAccount.name -}}
+{{ .Values.serviceAccount.name }}
+{{- else -}}
+{{ include "treadle.fullname" . }}
+{{- end }}
+{{- end }}
