@@ -282,6 +282,14 @@ class Renderer:
         return value
 
 
+def render_template(source: str, dot: Any, file: str = "inline") -> str:
+    """Render one template on its own, its own definitions available to ``include``."""
+    nodes = parse(source, file)
+    definitions: dict[str, Define] = {}
+    _definitions(nodes, definitions)
+    return Renderer(definitions).render(nodes, dot)
+
+
 def merge_values(base: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
     """Helm's coalescing: maps merge key by key, anything else replaces, null deletes."""
     merged = dict(base)

@@ -195,6 +195,22 @@ def test_schema_rejects_bad_values(overrides: dict[str, Any], names: str) -> Non
     assert names in str(refused.value.message) + str(list(refused.value.path))
 
 
+def test_renderer_follows_go_template_semantics() -> None:
+    """Trimming, emptiness, range/else, default, quote, define/include and nindent as in Helm."""
+    source = (
+        'a:{{- " b" }}\n'
+        "{{- if .x }} yes{{ else }} no{{ end }}\n"
+        "{{ range .l }}[{{ . }}]{{ else }}none{{ end }}{{ range .missing }}x{{ else }}-{{ end }}\n"
+        '{{ default "d" .missing }} {{ .n | quote }} {{ true | quote }} {{ .n | default "d" }}\n'
+        '{{- define "p" }}P={{ . }}{{ end }}\n'
+        '{{ include "p" .n | nindent 2 }}\n'
+        "{{/* gone */ -}}\n   end"
+    )
+    dot = {"x": 0, "l": [1, "z"], "n": "v"}
+    rendered = render.render_template(source, dot)
+    assert rendered == 'a: b no\n[1][z]-\nd "v" "true" v\n\n  P=v\nend'
+
+
 def test_renderer_refuses_what_is_outside_the_subset(tmp_path: Path) -> None:
     """A template using an unsupported function fails with its file and line, not silently."""
     shutil.copytree(CHART, tmp_path / "chart")
