@@ -7,6 +7,8 @@ import json
 import os
 import sys
 
+from treadle.worlds.postgres.migrate import latest_version
+
 
 async def _treadle(*args: str, dsn: str) -> tuple[int, str, str]:
     env = {**os.environ, "TREADLE_DATABASE_URL": dsn}
@@ -23,7 +25,7 @@ async def test_migrate_applies_once_then_reports_up_to_date(empty_dsn: str) -> N
     """The first run applies every migration; the second has nothing to do."""
     code, out, err = await _treadle("migrate", "--json", dsn=empty_dsn)
     assert code == 0, err
-    assert json.loads(out)["applied"] == [1, 2]
+    assert json.loads(out)["applied"] == list(range(1, latest_version() + 1))
     code, out, err = await _treadle("migrate", dsn=empty_dsn)
     assert code == 0, err
     assert out.strip() == "the schema is up to date"

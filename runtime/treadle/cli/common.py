@@ -4,13 +4,13 @@ and the plain client app for commands that load no user code.
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
 from typing import Any
 
 from treadle import settings
 from treadle.client import Workflows
+from treadle.sdk import catalogue
 from treadle.sdk.functions import WorkflowFunction
 from treadle.world import ids
 
@@ -54,14 +54,9 @@ def check_arguments(
     wf: WorkflowFunction[Any, Any], args: list[Any], kwargs: dict[str, Any]
 ) -> None:
     """Refuse arguments the workflow's signature cannot take, before anything is recorded."""
-    try:
-        signature = inspect.signature(wf.fn)
-    except (TypeError, ValueError):
-        return
-    try:
-        signature.bind(*args, **kwargs)
-    except TypeError as exc:
-        raise UsageError(f"workflow {wf.name} cannot take this --input: {exc}") from None
+    problem = catalogue.check_arguments(catalogue.signature_of_function(wf.fn), args, kwargs)
+    if problem is not None:
+        raise UsageError(f"workflow {wf.name} cannot take this --input: {problem}")
 
 
 def check_run_id(run_id: str) -> str:

@@ -19,6 +19,7 @@ from treadle import errors
 from treadle.orchestrator import pinning, steps, timers
 from treadle.orchestrator.delivery import OrchestratorDelivery
 from treadle.orchestrator.runtime import Runtime
+from treadle.sdk import catalogue
 from treadle.world import contract, messages
 
 log = logging.getLogger("treadle.orchestrator.worker")
@@ -36,7 +37,8 @@ class Worker:
     async def start(self) -> None:
         deployments = getattr(self.rt.world, "deployments", None)
         if deployments is not None:
-            await deployments.register(self.rt.deployment_id)
+            served = {name: wf.fn for name, wf in self.rt.workflows.items()}
+            await deployments.register(self.rt.deployment_id, catalogue=catalogue.describe(served))
         handlers: dict[messages.MessageKind, contract.Handler] = {}
         if self.role in ("all", "orchestrator"):
             handlers["orchestrator"] = self.handle

@@ -175,8 +175,14 @@ class Deployments(Protocol):
     is unknown or retired cannot be served (``DeploymentMismatch``).
     """
 
-    async def register(self, deployment_id: str) -> records.DeploymentRecord:
-        """Record the deployment (idempotent: a second call keeps the first time)."""
+    async def register(
+        self, deployment_id: str, *, catalogue: JsonValue = None
+    ) -> records.DeploymentRecord:
+        """Record the deployment (idempotent: a second call keeps the first time).
+
+        ``catalogue`` (the workflows its workers serve) replaces the recorded one
+        when given, so that a client can check a start before recording it.
+        """
         ...
 
     async def get(self, deployment_id: str) -> records.DeploymentRecord | None: ...

@@ -129,6 +129,9 @@ class DeploymentRecord:
     deployment_id: str
     created_at: datetime
     retired: bool = False
+    # The workflows its workers serve: ``{name: {"params": [...]}}`` (see
+    # ``treadle.sdk.functions.catalogue``), as the latest registration recorded it.
+    catalogue: JsonValue = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -247,3 +247,22 @@ class StorageViewsConformance:
             assert record is not None
             assert record.retired
             assert await world.deployments.get(support.unique("never")) is None
+
+    async def test_a_deployment_keeps_the_catalogue_its_workers_registered(
+        self, harness: WorldHarness
+    ) -> None:
+        """The catalogue is replaced by a registration that names one, kept by one that does not."""
+        deployment = support.unique("catalogued")
+        first = {"order": {"params": [{"name": "order_id", "kind": "KEYWORD_ONLY"}]}}
+        second = {"order": {"params": []}, "refund": {"params": None}}
+        async with support.opened(harness) as world:
+            made = await world.deployments.register(deployment, catalogue=first)
+            assert made.catalogue == first
+            kept = await world.deployments.register(deployment)
+            assert kept.catalogue == first
+            assert kept.created_at == made.created_at
+            await world.deployments.register(deployment, catalogue=second)
+            record = await world.deployments.get(deployment)
+            assert record is not None
+            assert record.catalogue == second
+            assert record.created_at == made.created_at

@@ -34,7 +34,7 @@ log = logging.getLogger("treadle.worlds.local")
 
 T = TypeVar("T")
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 # Statements that bring a database at version N - 1 to version N.
 UPGRADES = {
     2: [
@@ -42,6 +42,7 @@ UPGRADES = {
         "created_at INTEGER NOT NULL, registered INTEGER NOT NULL, "
         "retired INTEGER NOT NULL DEFAULT 0)"
     ],
+    3: ["ALTER TABLE deployments ADD COLUMN catalogue TEXT"],
 }
 # "trdl": marks a SQLite file as a treadle local World.
 APPLICATION_ID = 0x7472646C

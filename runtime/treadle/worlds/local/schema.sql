@@ -110,10 +110,11 @@ CREATE TABLE queue_dead_letters (
     dead_at         INTEGER NOT NULL
 );
 
--- Deployment revisions that serve runs (schema version 2).
+-- Deployment revisions that serve runs (schema version 2; catalogue since 3).
 CREATE TABLE deployments (
     deployment_id  TEXT PRIMARY KEY,
     created_at     INTEGER NOT NULL,
     registered     INTEGER NOT NULL,
-    retired        INTEGER NOT NULL DEFAULT 0
+    retired        INTEGER NOT NULL DEFAULT 0,
+    catalogue      TEXT
 );

@@ -368,9 +368,15 @@ class LocalHooks:
         )
 
 
+_DEPLOYMENT_COLUMNS = "deployment_id, created_at, retired, catalogue"
+
+
 def _deployment(row: tuple[object, ...]) -> records.DeploymentRecord:
     return records.DeploymentRecord(
-        deployment_id=str(row[0]), created_at=from_us(cast(int, row[1])), retired=bool(row[2])
+        deployment_id=str(row[0]),
+        created_at=from_us(cast(int, row[1])),
+        retired=bool(row[2]),
+        catalogue=_opt_json(cast(str | None, row[3])),
     )
 
 
@@ -378,9 +384,12 @@ class LocalDeployments:
     def __init__(self, db: Database) -> None:
         self._db = db
 
-    async def register(self, deployment_id: str) -> records.DeploymentRecord:
+    async def register(
+        self, deployment_id: str, *, catalogue: JsonValue = None
+    ) -> records.DeploymentRecord:
         if not deployment_id:
             raise errors.WorldContractError("a deployment id must not be empty")
+        text = None if catalogue is None else json.dumps(catalogue)
 
         def upsert(conn: sqlite3.Connection) -> tuple[object, ...]:
             with transaction(conn):
@@ -389,9 +398,13 @@ class LocalDeployments:
                     "VALUES (?, ?, (SELECT COALESCE(MAX(registered), 0) + 1 FROM deployments))",
                     (deployment_id, now_us()),
                 )
+                if text is not None:
+                    conn.execute(
+                        "UPDATE deployments SET catalogue = ? WHERE deployment_id = ?",
+                        (text, deployment_id),
+                    )
                 row: tuple[object, ...] = conn.execute(
-                    "SELECT deployment_id, created_at, retired FROM deployments "
-                    "WHERE deployment_id = ?",
+                    f"SELECT {_DEPLOYMENT_COLUMNS} FROM deployments WHERE deployment_id = ?",
                     (deployment_id,),
                 ).fetchone()
                 return row
@@ -401,8 +414,7 @@ class LocalDeployments:
     async def get(self, deployment_id: str) -> records.DeploymentRecord | None:
         def query(conn: sqlite3.Connection) -> tuple[object, ...] | None:
             row: tuple[object, ...] | None = conn.execute(
-                "SELECT deployment_id, created_at, retired FROM deployments "
-                "WHERE deployment_id = ?",
+                f"SELECT {_DEPLOYMENT_COLUMNS} FROM deployments WHERE deployment_id = ?",
                 (deployment_id,),
             ).fetchone()
             return row

@@ -11,6 +11,7 @@ from one consistent state.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -250,23 +251,25 @@ class PostgresDeployments:
     def __init__(self, db: Database) -> None:
         self._db = db
 
-    async def register(self, deployment_id: str) -> records.DeploymentRecord:
+    async def register(
+        self, deployment_id: str, *, catalogue: JsonValue = None
+    ) -> records.DeploymentRecord:
         if not deployment_id:
             raise errors.WorldContractError("a deployment id must not be empty")
         row = await self._db.fetchrow(
-            "WITH added AS (INSERT INTO treadle_deployments (deployment_id) VALUES ($1) "
-            "ON CONFLICT DO NOTHING RETURNING deployment_id, created_at, retired) "
-            "SELECT * FROM added UNION ALL SELECT deployment_id, created_at, retired "
-            "FROM treadle_deployments WHERE deployment_id = $1 LIMIT 1",
+            "INSERT INTO treadle_deployments AS d (deployment_id, catalogue) "
+            "VALUES ($1, $2::jsonb) ON CONFLICT (deployment_id) DO UPDATE "
+            "SET catalogue = COALESCE(EXCLUDED.catalogue, d.catalogue) "
+            f"RETURNING {_DEPLOYMENT_COLUMNS}",
             deployment_id,
+            None if catalogue is None else json.dumps(catalogue),
         )
         assert row is not None
         return _deployment(row)
 
     async def get(self, deployment_id: str) -> records.DeploymentRecord | None:
         row = await self._db.fetchrow(
-            "SELECT deployment_id, created_at, retired FROM treadle_deployments "
-            "WHERE deployment_id = $1",
+            f"SELECT {_DEPLOYMENT_COLUMNS} FROM treadle_deployments WHERE deployment_id = $1",
             deployment_id,
         )
         return None if row is None else _deployment(row)
@@ -285,11 +288,16 @@ class PostgresDeployments:
         )
 
 
+_DEPLOYMENT_COLUMNS = "deployment_id, created_at, retired, catalogue::text AS catalogue"
+
+
 def _deployment(row: Any) -> records.DeploymentRecord:
+    catalogue = row["catalogue"]
     return records.DeploymentRecord(
         deployment_id=str(row["deployment_id"]),
         created_at=row["created_at"],
         retired=bool(row["retired"]),
+        catalogue=None if catalogue is None else json.loads(catalogue),
     )
 
 
