@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from pydantic import JsonValue
 
 from treadle import errors
 from treadle.world import events
@@ -253,8 +254,8 @@ class StorageViewsConformance:
     ) -> None:
         """The catalogue is replaced by a registration that names one, kept by one that does not."""
         deployment = support.unique("catalogued")
-        first = {"order": {"params": [{"name": "order_id", "kind": "KEYWORD_ONLY"}]}}
-        second = {"order": {"params": []}, "refund": {"params": None}}
+        first: JsonValue = {"order": {"params": [{"name": "order_id", "kind": "KEYWORD_ONLY"}]}}
+        second: JsonValue = {"order": {"params": []}, "refund": {"params": None}}
         async with support.opened(harness) as world:
             made = await world.deployments.register(deployment, catalogue=first)
             assert made.catalogue == first
