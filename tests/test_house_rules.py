@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SOURCES = ["runtime", "operator", "tests"]
+SOURCES = ["runtime", "operator", "tests", "benchmarks"]
 
 
 def _run(*argv: str) -> subprocess.CompletedProcess[str]:

@@ -1,0 +1,126 @@
+"""What one invocation runs: each system's scenarios, their sizes and repeats.
+
+The full plan is the seed's suite (seed 003 "Benchmarks", DESIGN.md section 8);
+``quick`` shrinks it to tiny sizes, one repeat, treadle only, to keep the
+harness working (``tests/benchmarks``). Where a peer runs a smaller size than
+treadle, the plan says so and why (``caps``), and the report prints it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+SCENARIOS = ("ttfs", "stso", "fanout", "throughput", "recovery")
+SYSTEMS = ("treadle", "dbos", "vercel")
+# Where each system runs: treadle on both Worlds; DBOS on the same Postgres; Vercel locally.
+WORLDS = {"treadle": ("local", "postgres"), "dbos": ("postgres",), "vercel": ("local",)}
+
+
+@dataclass(frozen=True)
+class Job:
+    """One child process: a scenario of a system on a World, one repeat."""
+
+    system: str
+    world: str
+    scenario: str
+    repeat: int
+    params: dict[str, Any]
+    timeout: float
+
+    @property
+    def label(self) -> str:
+        return f"{self.system}/{self.world}/{self.scenario}#{self.repeat + 1}"
+
+
+@dataclass
+class Plan:
+    jobs: list[Job]
+    caps: list[str] = field(default_factory=list)
+
+
+FULL: dict[str, Any] = {
+    "repeats": {"ttfs": 3, "stso": 3, "fanout": 5, "throughput": 3, "recovery": 1},
+    "warmup": 3,
+    "samples": 20,
+    "sizes": [250, 1000, 2000],
+    "gap_size": 1000,
+    "widths": [100, 1000],
+    "throughput": {"one": 1000, "ten": 200, "starters": 8},
+    "recovery": {"kills": 3, "lease_seconds": 5.0},
+    "workers": 2,
+}
+
+QUICK: dict[str, Any] = {
+    "repeats": dict.fromkeys(SCENARIOS, 1),
+    "warmup": 1,
+    "samples": 3,
+    "sizes": [20, 40],
+    "gap_size": 40,
+    "widths": [10],
+    "throughput": {"one": 20, "ten": 5, "starters": 2},
+    "recovery": {"kills": 1, "lease_seconds": 1.0},
+    "workers": 2,
+}
+
+# Sizes a peer runs instead of treadle's, with the reason the report prints.
+PEER_CAPS: dict[str, dict[str, Any]] = {
+    "vercel": {
+        "sizes": (
+            [250, 500],
+            "Vercel STSO at 250 and 500 steps only: its local World replays the whole "
+            "history per step (about 99 ms per step at 250, 585 ms at 2,000), so 1,000 "
+            "and 2,000 steps would take 10 to 20 minutes alone",
+        ),
+        "gap_size": (500, "Vercel step-to-step gaps from its 500-step run (not 1,000)"),
+        "widths": (
+            [100],
+            "Vercel fan-out at 100 branches only: a 100-way join takes it 2 to 7 s and "
+            "1,000 branches would not fit the 15-minute budget",
+        ),
+        "throughput": (
+            {"one": 60, "ten": 10, "starters": 4},
+            "Vercel throughput on 60 one-step and 10 ten-step runs (it runs 17 to 46 "
+            "runs/s and slows down as one process accumulates runs)",
+        ),
+        "repeats": ({**FULL["repeats"], "fanout": 3}, "Vercel fan-out repeated 3 times"),
+    },
+}
+
+TIMEOUT_SECONDS = {"ttfs": 120, "stso": 420, "fanout": 300, "throughput": 300, "recovery": 240}
+
+
+def build(
+    *,
+    quick: bool,
+    systems: tuple[str, ...],
+    worlds: tuple[str, ...],
+    scenarios: tuple[str, ...],
+    repeats: int | None,
+) -> Plan:
+    base = QUICK if quick else FULL
+    plan = Plan(jobs=[])
+    for system in systems:
+        params = dict(base)
+        if not quick:
+            for key, (value, reason) in PEER_CAPS.get(system, {}).items():
+                params[key] = value
+                plan.caps.append(reason)
+        for world in WORLDS[system]:
+            if world not in worlds:
+                continue
+            for scenario in scenarios:
+                count = repeats or params["repeats"][scenario]
+                for repeat in range(count):
+                    job_params = {k: v for k, v in params.items() if k != "repeats"}
+                    plan.jobs.append(
+                        Job(
+                            system=system,
+                            world=world,
+                            scenario=scenario,
+                            repeat=repeat,
+                            params={**job_params, "world": world},
+                            timeout=TIMEOUT_SECONDS[scenario] * (0.5 if quick else 1),
+                        )
+                    )
+    return plan

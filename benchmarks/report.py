@@ -1,0 +1,257 @@
+"""The comparison table, the targets, the JSON result file and the chart of one invocation."""
+
+from __future__ import annotations
+
+import json
+import math
+import platform
+import re
+from datetime import UTC, datetime
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from benchmarks import stats
+from benchmarks.runner import Outcome, Results
+
+# treadle's World each peer is compared with: DBOS shares the Postgres, Vercel runs locally.
+COMPARED_WITH = {"dbos": "postgres", "vercel": "local"}
+COLUMNS = (("treadle", "local"), ("treadle", "postgres"), ("dbos", "postgres"), ("vercel", "local"))
+METRIC_ORDER = (
+    "ttfs_ms", "stso_gap_ms", "ms_per_step@", "fanout", "runs_per_s@", "steps_per_s@",
+    "recovery_ms",
+)  # fmt: skip
+
+
+def _sort_key(name: str) -> tuple[int, int, int, str]:
+    group = next((i for i, p in enumerate(METRIC_ORDER) if name.startswith(p)), 99)
+    number = re.search(r"\d+", name)
+    part = next((i for i, p in enumerate(("_first", "_last", "_join")) if p in name), 0)
+    return group, int(number.group()) if number else 0, part, name
+
+
+def summaries(results: Results) -> dict[str, dict[str, dict[str, dict[str, float | int]]]]:
+    """``{system/world: {scenario: {metric: {p50, p90, n}}}}``."""
+    out: dict[str, dict[str, dict[str, dict[str, float | int]]]] = {}
+    for (system, world, scenario), outcome in results.items():
+        out.setdefault(f"{system}/{world}", {})[scenario] = {
+            name: stats.summary(values) for name, values in outcome.metrics.items()
+        }
+    return out
+
+
+def _cell(outcome: Outcome | None, metric: str) -> str:
+    if outcome is None:
+        return "-"
+    if outcome.unsupported is not None:
+        return "n/a"
+    values = outcome.metrics.get(metric)
+    if not values:
+        return "error" if outcome.errors else "-"
+    p50, p90 = stats.percentile(values, 0.5), stats.percentile(values, 0.9)
+    if len(values) == 1:
+        return _num(p50)
+    return f"{_num(p50)} ({_num(p90)})"
+
+
+def _num(value: float) -> str:
+    if math.isnan(value):
+        return "-"
+    if value >= 100:
+        return f"{value:.0f}"
+    if value >= 10:
+        return f"{value:.1f}"
+    return f"{value:.2f}"
+
+
+def table(results: Results) -> str:
+    """Markdown: p50 (p90) per system and World, and treadle's advantage over each peer."""
+    metrics: dict[str, str] = {}
+    for (_system, _world, scenario), outcome in results.items():
+        for name in outcome.metrics:
+            metrics[name] = scenario
+    present = [c for c in COLUMNS if any((c[0], c[1], s) in results for s in metrics.values())]
+    peers = [p for p in COMPARED_WITH if any(k[0] == p for k in results)]
+    header = ["metric", *(f"{s} {w}" for s, w in present), *(f"vs {p}" for p in peers)]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for name in sorted(metrics, key=_sort_key):
+        scenario = metrics[name]
+        row = [name]
+        row += [_cell(results.get((s, w, scenario)), name) for s, w in present]
+        for peer in peers:
+            ours = results.get(("treadle", COMPARED_WITH[peer], scenario))
+            theirs = results.get((peer, COMPARED_WITH[peer], scenario))
+            row.append(_ratio(name, ours, theirs))
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def _ratio(metric: str, ours: Outcome | None, theirs: Outcome | None) -> str:
+    if ours is None or theirs is None:
+        return "-"
+    if theirs.unsupported is not None:
+        return "n/a"
+    a, b = ours.metrics.get(metric), theirs.metrics.get(metric)
+    if not a or not b:
+        return "-"
+    x = stats.advantage(metric, stats.percentile(a, 0.5), stats.percentile(b, 0.5))
+    return "-" if math.isnan(x) else f"{x:.1f}x"
+
+
+def _p50(results: Results, system: str, world: str, scenario: str, metric: str) -> float:
+    outcome = results.get((system, world, scenario))
+    values = outcome.metrics.get(metric) if outcome else None
+    return stats.percentile(values, 0.5) if values else math.nan
+
+
+def targets(results: Results) -> list[str]:
+    """Where treadle stands against the issue's goals (goals, not assertions)."""
+    lines: list[str] = []
+
+    def check(text: str, value: float, goal: float, *, at_most: bool, unit: str) -> None:
+        if math.isnan(value):
+            return
+        met = value <= goal if at_most else value >= goal
+        sign = "<=" if at_most else ">="
+        verdict = "met" if met else "NOT met"
+        lines.append(f"{text}: {_num(value)} {unit} (goal {sign} {goal:g}) {verdict}")
+
+    for world, goal in (("postgres", 1.0), ("local", 0.5)):
+        for n in (250, 1000, 2000):
+            value = _p50(results, "treadle", world, "stso", f"ms_per_step@{n}")
+            check(f"STSO {world}, {n} steps", value, goal, at_most=True, unit="ms/step")
+        low = _p50(results, "treadle", world, "stso", "ms_per_step@250")
+        high = _p50(results, "treadle", world, "stso", "ms_per_step@2000")
+        check(f"STSO {world} flatness 2,000/250", high / low, 1.2, at_most=True, unit="x")
+    for world in ("local", "postgres"):
+        value = _p50(results, "treadle", world, "ttfs", "ttfs_ms")
+        check(f"TTFS {world} p50", value, 5.0, at_most=True, unit="ms")
+        for n, goal in ((100, 100.0), (1000, 1000.0)):
+            value = _p50(results, "treadle", world, "fanout", f"fanout{n}_last_ms")
+            check(f"fan-out {n} TTLS {world}", value, goal, at_most=True, unit="ms")
+        for steps, goal in ((1, 500.0), (10, 70.0)):
+            value = _p50(results, "treadle", world, "throughput", f"runs_per_s@{steps}step")
+            check(f"{steps}-step workflows/s {world}", value, goal, at_most=False, unit="/s")
+    for (system, _world, scenario), theirs in results.items():
+        if system != "dbos":
+            continue
+        for metric in theirs.metrics:
+            ours = _p50(results, "treadle", "postgres", scenario, metric)
+            peer = stats.percentile(theirs.metrics[metric], 0.5)
+            check(f"vs DBOS {metric}", stats.advantage(metric, ours, peer), 5.0,
+                  at_most=False, unit="x")  # fmt: skip
+    return lines
+
+
+def _versions() -> dict[str, str]:
+    out = {}
+    for package in ("treadle", "dbos", "vercel-workflow", "asyncpg", "nats-py", "matplotlib"):
+        try:
+            out[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            out[package] = "not installed"
+    return out
+
+
+def machine() -> dict[str, Any]:
+    import os
+
+    return {
+        "platform": platform.platform(),
+        "processor": _cpu_model(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "versions": _versions(),
+    }
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def write_json(
+    path: Path,
+    results: Results,
+    *,
+    started: datetime,
+    seconds: float,
+    mode: str,
+    settings: dict[str, Any],
+    caps: list[str],
+) -> None:
+    document = {
+        "started": started.isoformat(),
+        "finished": datetime.now(UTC).isoformat(),
+        "seconds": round(seconds, 1),
+        "mode": mode,
+        "machine": machine(),
+        "settings": settings,
+        "caps": caps,
+        "summary": summaries(results),
+        "runs": [
+            {
+                "system": system,
+                "world": world,
+                "scenario": scenario,
+                "notes": outcome.notes,
+                "errors": outcome.errors,
+                "unsupported": outcome.unsupported,
+                "seconds": round(outcome.seconds, 1),
+                "samples": dict(outcome.metrics),
+            }
+            for (system, world, scenario), outcome in results.items()
+        ],
+    }
+    path.write_text(json.dumps(document, indent=1) + "\n")
+
+
+def chart(path: Path, results: Results) -> bool:
+    """STSO ms/step against steps and fan-out times against branches; False without data."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.8))
+    drawn = False
+    for (system, world, scenario), outcome in sorted(results.items()):
+        name = f"{system} {world}"
+        if scenario == "stso":
+            points = sorted(
+                (int(k.split("@")[1]), stats.percentile(v, 0.5))
+                for k, v in outcome.metrics.items()
+                if k.startswith("ms_per_step@")
+            )
+            if points:
+                left.plot(*zip(*points, strict=True), marker="o", label=name)
+                drawn = True
+        if scenario == "fanout":
+            for part, style in (("first", ":"), ("last", "-"), ("join", "--")):
+                points = sorted(
+                    (int(re.findall(r"\d+", k)[0]), stats.percentile(v, 0.5))
+                    for k, v in outcome.metrics.items()
+                    if k.endswith(f"_{part}_ms")
+                )
+                if points:
+                    right.plot(*zip(*points, strict=True), style, marker="o",
+                               label=f"{name} {part}")  # fmt: skip
+                    drawn = True
+    left.set(title="STSO: ms per sequential step (p50)", xlabel="steps", ylabel="ms / step")
+    right.set(title="Fan-out: to first, last branch start and join (p50)", xlabel="branches",
+              ylabel="ms")  # fmt: skip
+    for axes in (left, right):
+        axes.set_yscale("log")
+        axes.grid(True, which="both", alpha=0.3)
+        axes.legend(fontsize=7)
+    right.set_xscale("log")
+    fig.tight_layout()
+    if drawn:
+        fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return drawn

@@ -1,0 +1,31 @@
+"""Percentiles and the comparison of treadle against each peer."""
+
+from __future__ import annotations
+
+import math
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The ``q`` quantile (0..1) by linear interpolation between closest ranks."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    position = (len(ordered) - 1) * q
+    low = math.floor(position)
+    high = math.ceil(position)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def summary(values: list[float]) -> dict[str, float | int]:
+    return {"p50": percentile(values, 0.5), "p90": percentile(values, 0.9), "n": len(values)}
+
+
+def higher_is_better(metric: str) -> bool:
+    return "per_s" in metric
+
+
+def advantage(metric: str, treadle: float, peer: float) -> float:
+    """How many times better treadle is (above 1: treadle wins), whatever the metric's sense."""
+    if treadle <= 0 or peer <= 0 or math.isnan(treadle) or math.isnan(peer):
+        return math.nan
+    return treadle / peer if higher_is_better(metric) else peer / treadle
