@@ -322,7 +322,9 @@ class Replay:
         outer = asyncio.events._get_running_loop()
         asyncio.events._set_running_loop(self.loop)
         try:
-            for task in asyncio.all_tasks(self.loop):
+            for task in list(self.loop.tasks):
+                if task.done():
+                    continue
                 coro = task.get_coro()
                 try:
                     coro.close()

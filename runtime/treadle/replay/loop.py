@@ -19,6 +19,7 @@ import asyncio
 import collections
 import contextvars
 import logging
+import weakref
 from collections.abc import Callable, Coroutine, Generator
 from typing import Any, Protocol, TypeVar
 
@@ -74,6 +75,8 @@ class WorkflowLoop(asyncio.AbstractEventLoop):
         self._running = False
         self._closed = False
         self._exceptions: list[dict[str, Any]] = []
+        # Its own tasks: ``asyncio.all_tasks(loop)`` scans every task of every loop.
+        self.tasks: weakref.WeakSet[asyncio.Task[Any]] = weakref.WeakSet()
 
     # -- driving ---------------------------------------------------------------
 
@@ -155,7 +158,9 @@ class WorkflowLoop(asyncio.AbstractEventLoop):
         name: str | None = None,
         context: contextvars.Context | None = None,
     ) -> asyncio.Task[T]:
-        return asyncio.Task(coro, loop=self, name=name, context=context)
+        task = asyncio.Task(coro, loop=self, name=name, context=context)
+        self.tasks.add(task)
+        return task
 
     def get_debug(self) -> bool:
         return False
