@@ -107,6 +107,45 @@ class Run:
         return len(asked)
 
 
+async def start_run(
+    world: contract.World,
+    *,
+    name: str,
+    data: JsonValue,
+    deployment_id: str,
+    spec_version: int,
+    run_id: str,
+    attributes: dict[str, JsonValue] | None = None,
+) -> records.RunRecord:
+    """Record a run and send its first orchestrator message.
+
+    Safe to retry with the same ``run_id``: the World returns the run already
+    recorded, and a second start message is only a wake for a run that exists.
+    """
+    run = await world.runs.create(
+        workflow_name=name,
+        input=data,
+        deployment_id=deployment_id,
+        spec_version=spec_version,
+        run_id=run_id,
+        attributes=attributes,
+    )
+    await world.queue.send(
+        messages.OrchestratorMessage(
+            run_id=run_id,
+            deployment_id=deployment_id,
+            run_input=messages.RunInput(
+                workflow_name=name,
+                input=data,
+                spec_version=spec_version,
+                deployment_id=deployment_id,
+                created_at=run.created_at,
+            ),
+        )
+    )
+    return run
+
+
 def _wake(run: records.RunRecord) -> messages.OrchestratorMessage:
     return messages.OrchestratorMessage(
         run_id=run.run_id, deployment_id=run.deployment_id, run_spec_version=run.spec_version
@@ -302,25 +341,9 @@ class Workflows:
         if wf is not None and wf.start_on_latest and deployments is not None:
             deployment = await deployments.latest() or deployment
         run_id = ids.new_run_id()
-        run = await world.runs.create(
-            workflow_name=name,
-            input=data,
-            deployment_id=deployment,
-            spec_version=spec,
-            run_id=run_id,
+        await start_run(
+            world, name=name, data=data, deployment_id=deployment, spec_version=spec, run_id=run_id
         )
-        start = messages.OrchestratorMessage(
-            run_id=run_id,
-            deployment_id=deployment,
-            run_input=messages.RunInput(
-                workflow_name=name,
-                input=data,
-                spec_version=spec,
-                deployment_id=deployment,
-                created_at=run.created_at,
-            ),
-        )
-        await world.queue.send(start)
         return Run(self, run_id)
 
     def get_run(self, run_id: str) -> Run:

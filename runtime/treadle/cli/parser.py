@@ -7,7 +7,7 @@ import sys
 from typing import NoReturn, get_args
 
 from treadle import __version__
-from treadle.cli import execute, manage
+from treadle.cli import execute, kube, manage
 from treadle.world import records
 
 TARGET_HELP = "path/to/file.py:WORKFLOW or package.module:WORKFLOW"
@@ -133,4 +133,29 @@ def build_parser() -> Parser:
         help="the database (default: $TREADLE_DATABASE_URL); never printed",
     )
     migrate.set_defaults(handler=manage.cmd_migrate)
+
+    operator = commands.add_parser(
+        "operator",
+        parents=[_common(json_output=False)],
+        help="run the Kubernetes operator (needs the operator extra)",
+        description="Reconcile WorkflowDeployment and WorkflowRun objects until SIGINT or "
+        "SIGTERM; the cluster comes from the Pod's service account or $KUBECONFIG.",
+    )
+    operator.add_argument(
+        "--namespace",
+        action="append",
+        metavar="NS",
+        help="serve only this namespace (repeatable; default: every namespace)",
+    )
+    operator.set_defaults(handler=kube.cmd_operator)
+
+    crds = commands.add_parser(
+        "crds",
+        help="write the CRD YAML (crds/ and the Helm chart) from the operator's models",
+    )
+    crds.add_argument("--root", default=".", help="the repository root (default: .)")
+    crds.add_argument(
+        "--check", action="store_true", help="write nothing; exit 1 if a file is stale"
+    )
+    crds.set_defaults(handler=kube.cmd_crds)
     return parser

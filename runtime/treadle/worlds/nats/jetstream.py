@@ -36,6 +36,10 @@ _NS = 1_000_000_000
 _STREAM_NAME_EXISTS = 10058
 
 
+# JetStream's error code for a consumer that does not exist.
+CONSUMER_NOT_FOUND = 10014
+
+
 class ApiError(Exception):
     """A JetStream API call answered with an error."""
 
@@ -147,6 +151,17 @@ async def ensure_consumer(
     except ApiError as exc:
         raise errors.StorageUnavailable(f"cannot create consumer {name}: {exc}") from exc
     return name
+
+
+async def consumer_backlog(nc: Client, ns: names.Names, name: str) -> int:
+    """Messages a durable consumer has not finished: waiting plus in flight (0 if none)."""
+    try:
+        info = await api_request(nc, f"$JS.API.CONSUMER.INFO.{ns.stream}.{name}", {})
+    except ApiError as exc:
+        if exc.err_code == CONSUMER_NOT_FOUND:
+            return 0
+        raise errors.StorageUnavailable(f"cannot read consumer {name}: {exc}") from exc
+    return int(info.get("num_pending", 0)) + int(info.get("num_ack_pending", 0))
 
 
 async def ensure_lease_bucket(js: JetStreamContext, ns: names.Names, *, replicas: int) -> KeyValue:

@@ -104,8 +104,8 @@ class Names:
     def filter_subject(self, kind: messages.MessageKind) -> str:
         return f"{self.prefix}.{token(self.deployment)}.{_KIND_TOKENS[kind]}.>"
 
-    def consumer(self, kind: messages.MessageKind) -> str:
-        return f"{token(self.deployment)}_{_KIND_TOKENS[kind]}"
+    def consumer(self, kind: messages.MessageKind, deployment: str | None = None) -> str:
+        return f"{token(deployment or self.deployment)}_{_KIND_TOKENS[kind]}"
 
     @property
     def lease_bucket(self) -> str:

@@ -227,6 +227,11 @@ class NatsQueue:
         self.consumers.append(consumer)
         return consumer
 
+    async def pending(self, kind: messages.MessageKind, deployment_id: str) -> int:
+        """``kind`` messages of ``deployment_id`` not yet finished (for scaling workers)."""
+        name = self.names.consumer(kind, deployment_id)
+        return await jetstream.consumer_backlog(self.nc, self.names, name)
+
     def forget(self, consumer: NatsConsumer) -> None:
         if consumer in self.consumers:
             self.consumers.remove(consumer)

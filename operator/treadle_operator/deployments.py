@@ -1,0 +1,213 @@
+"""Reconciling a WorkflowDeployment: revisions, their workers, its status.
+
+``reconcile`` looks at what is (the World, each revision's Deployments and
+Pods, how many runs each revision still has), asks ``revisions.plan`` what
+should be, makes the worker Deployments match, retires drained revisions in
+the World, and records the status with conditions. It runs when the object
+changes and every ``TREADLE_OPERATOR_RECONCILE_SECONDS``; it is idempotent, so
+a retried or overlapping call converges.
+
+While the World cannot be reached, nothing is retired: a revision's active-run
+count is unknown, and removing the pods a run is pinned to would strand it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+from treadle.world import contract
+from treadle.world.records import RunStatus
+from treadle.worlds.production import PostgresNatsWorld
+from treadle_operator import kube, manifests, models, revisions
+from treadle_operator.errors import WorldSecretMissing, WorldUnavailable
+from treadle_operator.models import (
+    Condition,
+    RevisionStatus,
+    WorkflowDeploymentSpec,
+    WorkflowDeploymentStatus,
+)
+from treadle_operator.state import Owner, State
+
+log = logging.getLogger("treadle.operator.deployments")
+
+ACTIVE_STATUSES: tuple[RunStatus, ...] = ("pending", "running")
+COUNT_LIMIT = 100_000
+
+
+async def active_runs(world: contract.World, deployment_id: str) -> int:
+    """Runs on ``deployment_id`` that have not ended (counted up to ``COUNT_LIMIT``)."""
+    total = 0
+    for status in ACTIVE_STATUSES:
+        cursor: str | None = None
+        while total < COUNT_LIMIT:
+            page = await world.runs.list(
+                status=status, deployment_id=deployment_id, limit=1000, cursor=cursor
+            )
+            total += len(page.runs)
+            cursor = page.next_cursor
+            if cursor is None:
+                break
+    return total
+
+
+def condition(type_: str, ok: bool, reason: str, message: str = "") -> Condition:
+    return Condition(
+        type=type_,
+        status="True" if ok else "False",
+        reason=reason,
+        message=message,
+        last_transition_time=kube.now(),
+    )
+
+
+def merge_conditions(old: list[Condition], new: list[Condition]) -> list[Condition]:
+    """New conditions, keeping the transition time of those whose status did not change."""
+    before = {c.type: c for c in old}
+    merged = []
+    for c in new:
+        prior = before.get(c.type)
+        if prior is not None and prior.status == c.status:
+            c = c.model_copy(update={"last_transition_time": prior.last_transition_time})
+        merged.append(c)
+    return merged
+
+
+async def steps_replicas(
+    world: PostgresNatsWorld, spec: WorkflowDeploymentSpec, revision: str
+) -> int:
+    """The step workers' replicas: fixed, or from the JetStream pending count when autoscaled."""
+    scale = spec.steps.autoscale
+    if scale is None:
+        return spec.steps.replicas
+    pending = await world.nats.pending("step", revision)
+    wanted = math.ceil(pending / scale.pending_per_replica)
+    return max(scale.min_replicas, min(scale.max_replicas, wanted))
+
+
+async def _observe(
+    state: State, namespace: str, world: PostgresNatsWorld, revision: RevisionStatus
+) -> revisions.Observed:
+    ready = all(
+        [
+            await state.kube.deployment_ready(
+                namespace, manifests.deployment_name(revision.id, role)
+            )
+            for role in manifests.ROLES
+        ]
+    )
+    record = await world.deployments.get(revision.id)
+    # Ready means the workers run and have told the World what they serve.
+    ready = ready and record is not None and record.catalogue is not None
+    trouble = await state.kube.pod_trouble(namespace, f"{manifests.LABEL_REVISION}={revision.id}")
+    return revisions.Observed(
+        ready=ready and not trouble,
+        active_runs=await active_runs(world, revision.id),
+        message=trouble,
+    )
+
+
+async def reconcile(state: State, body: dict[str, Any]) -> None:
+    meta = body["metadata"]
+    namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
+    spec = WorkflowDeploymentSpec.model_validate(body.get("spec") or {})
+    status = models.parse_status(WorkflowDeploymentStatus, body.get("status"))
+    try:
+        world = await state.worlds.get(namespace, spec.world)
+    except WorldUnavailable as exc:
+        reason = "SecretMissing" if isinstance(exc, WorldSecretMissing) else "Unreachable"
+        conditions = merge_conditions(
+            status.conditions, [condition("WorldReachable", False, reason, str(exc))]
+        )
+        await _record(state, body, status, status.model_copy(update={"conditions": conditions}))
+        log.warning("WorkflowDeployment %s/%s: %s", namespace, name, exc)
+        return
+
+    observed = {
+        r.id: await _observe(state, namespace, world, r)
+        for r in status.revisions
+        if r.phase != "Retired"
+    }
+    plan = revisions.plan(
+        namespace=namespace,
+        name=name,
+        uid=uid,
+        generation=meta.get("generation"),
+        spec=spec,
+        status=status,
+        observed=observed,
+        now=kube.now(),
+    )
+    by_id = {r.id: r for r in plan.status.revisions}
+    for revision_id in plan.keep:
+        revision = by_id[revision_id]
+        for role in manifests.ROLES:
+            if role == "orchestrator":
+                replicas = spec.orchestrator.replicas
+            elif spec.steps.autoscale is not None:
+                replicas = await steps_replicas(world, spec, revision_id)
+            else:
+                replicas = spec.steps.replicas
+            await state.kube.ensure_deployment(
+                manifests.worker_deployment(
+                    owner=name,
+                    owner_uid=uid,
+                    namespace=namespace,
+                    revision=revision_id,
+                    image=revision.image,
+                    module=revision.module,
+                    spec=spec,
+                    role=role,
+                    replicas=replicas,
+                )
+            )
+        state.owners[revision_id] = Owner(namespace, name, spec.mirror_runs)
+    for revision_id in plan.retire:
+        for role in manifests.ROLES:
+            await state.kube.delete_deployment(
+                namespace, manifests.deployment_name(revision_id, role)
+            )
+        await world.deployments.retire(revision_id)
+        state.owners.pop(revision_id, None)
+
+    latest = plan.status.latest_revision
+    newest = next((r for r in reversed(plan.status.revisions) if r.phase != "Retired"), None)
+    troubles = [f"revision {r.id}: {r.message}" for r in plan.status.revisions if r.message]
+    new_conditions = [
+        condition("WorldReachable", True, "Connected"),
+        condition(
+            "Ready",
+            latest is not None,
+            "RevisionReady" if latest is not None else "NoReadyRevision",
+            f"revision {latest} takes new runs"
+            if latest is not None
+            else f"waiting for revision {newest.id if newest else '?'} to become ready",
+        ),
+        condition(
+            "WorkersHealthy",
+            not troubles,
+            "WorkersRunning" if not troubles else "WorkersFailing",
+            "; ".join(troubles),
+        ),
+    ]
+    final = plan.status.model_copy(
+        update={"conditions": merge_conditions(status.conditions, new_conditions)}
+    )
+    await _record(state, body, status, final)
+    for change in plan.changes:
+        await state.kube.event(body, "Revision", change)
+
+
+async def _record(
+    state: State,
+    body: dict[str, Any],
+    before: WorkflowDeploymentStatus,
+    after: WorkflowDeploymentStatus,
+) -> None:
+    if after == before:
+        return
+    meta = body["metadata"]
+    await state.kube.patch_status(
+        "workflowdeployments", meta["namespace"], meta["name"], models.dump(after)
+    )

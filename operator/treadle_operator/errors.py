@@ -1,0 +1,30 @@
+"""The operator's errors, one tree.
+
+::
+
+    OperatorError                 anything the operator raises on purpose
+    ├── WorldUnavailable          the World a WorkflowDeployment names cannot be reached
+    │   └── WorldSecretMissing    its Secret, or a key in it, does not exist (retried)
+    └── NotInstalled              the ``operator`` extra is not installed
+
+Engine errors (``treadle.errors``) pass through unchanged; a run the World
+refuses to start is a ``treadle.errors.WorldError``.
+"""
+
+from __future__ import annotations
+
+
+class OperatorError(Exception):
+    """Base of the operator's own errors."""
+
+
+class WorldUnavailable(OperatorError):
+    """The World a WorkflowDeployment names cannot be reached; retried."""
+
+
+class WorldSecretMissing(WorldUnavailable):
+    """The Secret with the World's URLs, or one of its keys, is missing; retried."""
+
+
+class NotInstalled(OperatorError):
+    """``treadle operator`` needs the ``operator`` extra (kopf, kubernetes-asyncio)."""

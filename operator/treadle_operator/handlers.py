@@ -1,0 +1,146 @@
+"""The kopf handlers: which change of which object calls what.
+
+Everything here is wiring; the rules live in ``deployments`` (revisions and
+workers), ``runs`` (start, cancel, mirror, TTL) and ``sync`` (status from the
+log). ``build_registry`` binds the handlers to one operator's ``State``.
+
+kopf keeps its own progress in annotations under ``treadle.dev`` (never in
+``status``, which the CRD schema owns), and the finalizer that makes deleting a
+running WorkflowRun cancel its run is ``treadle.dev/finalizer``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from datetime import UTC, datetime
+from typing import Any
+
+import kopf
+
+from treadle_operator import deployments, models, runs
+from treadle_operator.models import WorkflowRunStatus
+from treadle_operator.state import State
+
+log = logging.getLogger("treadle.operator.handlers")
+
+G, V = models.GROUP, models.VERSION
+WFD, WFR = "workflowdeployments", "workflowruns"
+FINALIZER = "treadle.dev/finalizer"
+
+
+def _plain(body: Any) -> dict[str, Any]:
+    """A kopf body as a plain, detached dict."""
+    plain: dict[str, Any] = json.loads(json.dumps(dict(body), default=str))
+    return plain
+
+
+def configure(settings: kopf.OperatorSettings) -> None:
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="treadle.dev")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix="treadle.dev", key="last-handled-configuration"
+    )
+    settings.persistence.finalizer = FINALIZER
+    settings.peering.standalone = True
+    # The operator posts its own Events (phases, revisions); kopf's only for its errors.
+    settings.posting.level = logging.WARNING
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+
+
+def build_registry(state: State) -> kopf.OperatorRegistry:
+    registry = kopf.OperatorRegistry()
+    cfg = state.settings
+
+    @kopf.on.startup(registry=registry)
+    async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
+        configure(settings)
+
+    # -- WorkflowDeployment -----------------------------------------------------------------
+
+    async def reconcile(body: Any) -> None:
+        plain = _plain(body)
+        async with state.lock(plain["metadata"]["uid"]):
+            fresh = await state.kube.get(
+                WFD, plain["metadata"]["namespace"], plain["metadata"]["name"]
+            )
+            if fresh is not None:
+                await deployments.reconcile(state, fresh)
+
+    @kopf.on.create(G, V, WFD, registry=registry)
+    @kopf.on.update(G, V, WFD, field="spec", registry=registry)
+    @kopf.on.resume(G, V, WFD, registry=registry)
+    async def deployment_changed(body: kopf.Body, **_: Any) -> None:
+        await reconcile(body)
+
+    @kopf.timer(G, V, WFD, interval=cfg.TREADLE_OPERATOR_RECONCILE_SECONDS, registry=registry)
+    async def deployment_tick(body: kopf.Body, **_: Any) -> None:
+        await reconcile(body)
+
+    # -- WorkflowRun ------------------------------------------------------------------------
+
+    @kopf.on.create(G, V, WFR, registry=registry)
+    async def run_created(body: kopf.Body, **_: Any) -> None:
+        plain = _plain(body)
+        try:
+            await runs.start(state, plain)
+        except runs.NotYet as exc:
+            current = models.parse_status(WorkflowRunStatus, plain.get("status"))
+            waiting = current.model_copy(update={"phase": "Pending", "reason": exc.reason})
+            if waiting != current:
+                await state.kube.patch_status(
+                    WFR,
+                    plain["metadata"]["namespace"],
+                    plain["metadata"]["name"],
+                    {**models.dump(waiting), "error": {"type": exc.reason, "message": str(exc)}},
+                )
+            raise kopf.TemporaryError(str(exc), delay=cfg.TREADLE_OPERATOR_RETRY_SECONDS) from exc
+
+    @kopf.on.field(G, V, WFR, field="spec.cancel", registry=registry)
+    async def cancel_changed(body: kopf.Body, new: Any, **_: Any) -> None:
+        if new:
+            await runs.cancel(state, _plain(body), "spec.cancel is true")
+
+    @kopf.on.delete(G, V, WFR, registry=registry)
+    async def run_deleted(body: kopf.Body, **_: Any) -> None:
+        plain = _plain(body)
+        await runs.cancel(state, plain, "its WorkflowRun was deleted")
+        run_id = (plain.get("status") or {}).get("runId")
+        if run_id:
+            state.sync.untrack(run_id)
+
+    @kopf.on.event(G, V, WFR, registry=registry)
+    async def run_seen(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
+        plain = _plain(body)
+        run_id = (plain.get("status") or {}).get("runId")
+        if event.get("type") == "DELETED":
+            if run_id:
+                state.sync.untrack(run_id)
+            return
+        if not (plain.get("metadata") or {}).get("deletionTimestamp"):
+            await runs.follow(state, plain)
+
+    def finished_with_ttl(spec: kopf.Spec, status: kopf.Status, **_: Any) -> bool:
+        return (
+            spec.get("ttlSecondsAfterFinished") is not None
+            and status.get("phase") in models.FINISHED_PHASES
+        )
+
+    @kopf.timer(
+        G,
+        V,
+        WFR,
+        interval=cfg.TREADLE_OPERATOR_TTL_CHECK_SECONDS,
+        when=finished_with_ttl,
+        registry=registry,
+    )
+    async def run_ttl(body: kopf.Body, **_: Any) -> None:
+        plain = _plain(body)
+        if runs.expired(plain, datetime.now(UTC)):
+            meta = plain["metadata"]
+            log.info(
+                "WorkflowRun %s/%s finished and its TTL passed", meta["namespace"], meta["name"]
+            )
+            await state.kube.delete(WFR, meta["namespace"], meta["name"])
+
+    return registry

@@ -1,0 +1,217 @@
+"""The Kubernetes API calls the operator makes itself (kopf makes the rest).
+
+A thin, typed layer over ``kubernetes_asyncio``: secrets, the worker
+Deployments, their Pods' troubles, the custom objects' status, and Events.
+Every verb used here is listed in ``permissions.OPERATOR_RULES``; a 404 where
+"already gone" is fine is not an error.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+from datetime import UTC, datetime
+from typing import Any, cast
+
+from kubernetes_asyncio import client, config
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from treadle_operator import models
+
+log = logging.getLogger("treadle.operator.kube")
+
+# Container states that mean a worker cannot run, and are worth a condition.
+_TROUBLE = frozenset(
+    {
+        "CrashLoopBackOff",
+        "CreateContainerConfigError",
+        "CreateContainerError",
+        "ErrImagePull",
+        "ImagePullBackOff",
+        "InvalidImageName",
+        "RunContainerError",
+    }
+)
+
+
+def now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+async def login() -> client.ApiClient:
+    """An API client: in-cluster when in a Pod, else ``$KUBECONFIG`` / ``~/.kube/config``."""
+    try:
+        config.load_incluster_config()  # type: ignore[no-untyped-call]
+    except config.ConfigException:
+        await config.load_kube_config()
+    return client.ApiClient()
+
+
+class Kube:
+    def __init__(self, api: client.ApiClient) -> None:
+        self.api = api
+        self.core = client.CoreV1Api(api)
+        self.apps = client.AppsV1Api(api)
+        self.custom = client.CustomObjectsApi(api)
+
+    async def close(self) -> None:
+        await self.api.close()
+
+    # -- secrets --------------------------------------------------------------------------
+
+    async def secret(self, namespace: str, name: str) -> dict[str, str] | None:
+        """A Secret's data, decoded; ``None`` when there is no such Secret."""
+        try:
+            found = await self.core.read_namespaced_secret(name, namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        data = found.data or {}
+        return {k: base64.b64decode(v).decode() for k, v in data.items()}
+
+    # -- worker Deployments ----------------------------------------------------------------
+
+    async def ensure_deployment(self, manifest: dict[str, Any]) -> None:
+        """Create the Deployment, or bring an existing one's spec to the manifest's."""
+        meta = manifest["metadata"]
+        try:
+            await self.apps.create_namespaced_deployment(meta["namespace"], cast(Any, manifest))
+            log.info("created Deployment %s/%s", meta["namespace"], meta["name"])
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            current = await self.apps.read_namespaced_deployment(meta["name"], meta["namespace"])
+            wanted = manifest["spec"]
+            if current.spec.replicas != wanted["replicas"] or _template_differs(
+                self.api.sanitize_for_serialization(current.spec.template), wanted["template"]
+            ):
+                await self.apps.patch_namespaced_deployment(
+                    meta["name"], meta["namespace"], {"spec": wanted}
+                )
+
+    async def delete_deployment(self, namespace: str, name: str) -> None:
+        try:
+            await self.apps.delete_namespaced_deployment(
+                name, namespace, propagation_policy="Background"
+            )
+            log.info("deleted Deployment %s/%s", namespace, name)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    async def deployment_ready(self, namespace: str, name: str) -> bool:
+        """At least one replica ready (or none wanted)."""
+        try:
+            found = await self.apps.read_namespaced_deployment(name, namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+        wanted = found.spec.replicas or 0
+        return wanted == 0 or (found.status.ready_replicas or 0) >= 1
+
+    async def pod_trouble(self, namespace: str, selector: str) -> str:
+        """Why the selected Pods' containers cannot run, in one line ("" when they can)."""
+        pods = await self.core.list_namespaced_pod(namespace, label_selector=selector)
+        for pod in pods.items:
+            for status in pod.status.container_statuses or []:
+                waiting = status.state.waiting if status.state else None
+                if waiting is None or waiting.reason not in _TROUBLE:
+                    continue
+                detail = waiting.message or ""
+                last = status.last_state.terminated if status.last_state else None
+                if last is not None:
+                    detail = (last.message or "").strip() or f"exit code {last.exit_code}"
+                tail = detail.strip().splitlines()[-1] if detail.strip() else ""
+                return f"pod {pod.metadata.name}: {waiting.reason}" + (f": {tail}" if tail else "")
+        return ""
+
+    # -- custom objects ---------------------------------------------------------------------
+
+    async def get(self, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            found: dict[str, Any] = await self.custom.get_namespaced_custom_object(
+                models.GROUP, models.VERSION, namespace, plural, name
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return found
+
+    async def list(self, plural: str) -> list[dict[str, Any]]:
+        found = await self.custom.list_cluster_custom_object(models.GROUP, models.VERSION, plural)
+        items: list[dict[str, Any]] = found.get("items", [])
+        return items
+
+    async def create(self, plural: str, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        made: dict[str, Any] = await self.custom.create_namespaced_custom_object(
+            models.GROUP, models.VERSION, namespace, plural, body
+        )
+        return made
+
+    async def delete(self, plural: str, namespace: str, name: str) -> None:
+        try:
+            await self.custom.delete_namespaced_custom_object(
+                models.GROUP, models.VERSION, namespace, plural, name
+            )
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    async def patch_status(
+        self, plural: str, namespace: str, name: str, status: dict[str, Any]
+    ) -> bool:
+        """Merge ``status`` into the object's status; ``False`` when the object is gone."""
+        try:
+            await self.custom.patch_namespaced_custom_object_status(
+                models.GROUP, models.VERSION, namespace, plural, name, {"status": status}
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
+
+    # -- events -----------------------------------------------------------------------------
+
+    async def event(
+        self, obj: dict[str, Any], reason: str, message: str, *, warning: bool = False
+    ) -> None:
+        """A Kubernetes Event on ``obj`` (best effort: a failure is logged, never raised)."""
+        meta = obj.get("metadata", {})
+        stamp = now()
+        body = {
+            "metadata": {
+                "generateName": f"{meta.get('name', 'treadle')}.",
+                "namespace": meta.get("namespace"),
+            },
+            "involvedObject": {
+                "apiVersion": obj.get("apiVersion", models.API_VERSION),
+                "kind": obj.get("kind"),
+                "name": meta.get("name"),
+                "namespace": meta.get("namespace"),
+                "uid": meta.get("uid"),
+            },
+            "reason": reason,
+            "message": message[:1024],
+            "type": "Warning" if warning else "Normal",
+            "source": {"component": "treadle-operator"},
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
+            "count": 1,
+        }
+        try:
+            await self.core.create_namespaced_event(meta.get("namespace"), cast(Any, body))
+        except ApiException as exc:
+            log.warning("cannot post event %s on %s: %s", reason, meta.get("name"), exc.reason)
+
+
+def _template_differs(current: Any, wanted: dict[str, Any]) -> bool:
+    """Whether what we set in a pod template differs from what is there (defaults aside)."""
+    cur_container = (current.get("spec", {}).get("containers") or [{}])[0]
+    want_container = wanted["spec"]["containers"][0]
+    return any(
+        cur_container.get(key) != want_container.get(key) for key in ("image", "args", "command")
+    )

@@ -1,0 +1,46 @@
+"""``treadle operator``: run the operator until SIGINT or SIGTERM."""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Sequence
+
+import kopf
+
+from treadle_operator import handlers, kube, runs
+from treadle_operator.settings import OperatorSettings
+from treadle_operator.state import State
+from treadle_operator.sync import StatusSync
+from treadle_operator.worlds import Worlds
+
+log = logging.getLogger("treadle.operator")
+
+
+async def run(namespaces: Sequence[str] = ()) -> None:
+    """Serve ``namespaces`` (every namespace when empty) until stopped."""
+    settings = OperatorSettings()
+    logging.basicConfig(
+        level=settings.TREADLE_LOG_LEVEL, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    client = kube.Kube(await kube.login())
+    sync = StatusSync(client)
+    worlds = Worlds(client, on_opened=sync.listen)
+    state = State(settings=settings, kube=client, worlds=worlds, sync=sync)
+
+    sync.on_new_run = functools.partial(runs.mirror, state)
+    registry = handlers.build_registry(state)
+    log.info(
+        "treadle operator serving %s", ", ".join(namespaces) if namespaces else "every namespace"
+    )
+    try:
+        await kopf.operator(
+            registry=registry,
+            standalone=True,
+            clusterwide=not namespaces,
+            namespaces=list(namespaces),
+        )
+    finally:
+        await sync.close()
+        await worlds.close()
+        await client.close()

@@ -1,0 +1,122 @@
+"""The worker Deployments of one revision, as plain manifests.
+
+Each revision runs ``treadle worker MODULE --role orchestrator`` and ``--role
+steps`` in two apps/v1 Deployments, with the revision's deployment id in
+``TREADLE_DEPLOYMENT_ID`` (so they consume only that revision's subjects) and
+the World's URLs from the Secret the WorkflowDeployment names. Both are owned
+by the WorkflowDeployment, so deleting it removes them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from treadle_operator import models
+from treadle_operator.models import WorkflowDeploymentSpec
+
+Role = Literal["orchestrator", "steps"]
+ROLES: tuple[Role, ...] = ("orchestrator", "steps")
+
+LABEL_DEPLOYMENT = "treadle.dev/deployment"
+LABEL_REVISION = "treadle.dev/revision"
+LABEL_ROLE = "treadle.dev/role"
+MANAGED_BY = {"app.kubernetes.io/managed-by": "treadle-operator"}
+
+
+def deployment_name(revision: str, role: Role) -> str:
+    return f"{revision}-{role}"
+
+
+def labels(owner: str, revision: str, role: Role) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": "treadle-worker",
+        **MANAGED_BY,
+        LABEL_DEPLOYMENT: owner,
+        LABEL_REVISION: revision,
+        LABEL_ROLE: role,
+    }
+
+
+def owner_reference(name: str, uid: str) -> dict[str, Any]:
+    return {
+        "apiVersion": models.API_VERSION,
+        "kind": "WorkflowDeployment",
+        "name": name,
+        "uid": uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def worker_env(spec: WorkflowDeploymentSpec, revision: str) -> list[dict[str, Any]]:
+    secret = spec.world.secret_name
+    return [
+        {"name": "TREADLE_WORLD", "value": "postgres"},
+        {"name": "TREADLE_DEPLOYMENT_ID", "value": revision},
+        {
+            "name": "TREADLE_DATABASE_URL",
+            "valueFrom": {"secretKeyRef": {"name": secret, "key": spec.world.database_url_key}},
+        },
+        {
+            "name": "TREADLE_NATS_URL",
+            "valueFrom": {"secretKeyRef": {"name": secret, "key": spec.world.nats_url_key}},
+        },
+        *(spec.env or []),
+    ]
+
+
+def worker_deployment(
+    *,
+    owner: str,
+    owner_uid: str,
+    namespace: str,
+    revision: str,
+    image: str,
+    module: str,
+    spec: WorkflowDeploymentSpec,
+    role: Role,
+    replicas: int,
+) -> dict[str, Any]:
+    """One role's Deployment for ``revision`` (image and module are the revision's own)."""
+    tier = spec.orchestrator if role == "orchestrator" else spec.steps
+    container: dict[str, Any] = {
+        "name": "worker",
+        "image": image,
+        "command": ["treadle"],
+        "args": [
+            "worker",
+            module,
+            "--role",
+            role,
+            "--concurrency",
+            str(tier.concurrency),
+        ],
+        "env": worker_env(spec, revision),
+    }
+    if spec.image_pull_policy is not None:
+        container["imagePullPolicy"] = spec.image_pull_policy
+    if tier.resources:
+        container["resources"] = tier.resources
+    pod_labels = labels(owner, revision, role)
+    pod_spec: dict[str, Any] = {
+        "containers": [container],
+        # `treadle worker` finishes running deliveries on SIGTERM within --grace (30 s).
+        "terminationGracePeriodSeconds": 40,
+    }
+    if spec.service_account_name:
+        pod_spec["serviceAccountName"] = spec.service_account_name
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {
+            "name": deployment_name(revision, role),
+            "namespace": namespace,
+            "labels": pod_labels,
+            "ownerReferences": [owner_reference(owner, owner_uid)],
+        },
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {LABEL_REVISION: revision, LABEL_ROLE: role}},
+            "template": {"metadata": {"labels": pod_labels}, "spec": pod_spec},
+        },
+    }

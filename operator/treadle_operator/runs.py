@@ -1,0 +1,286 @@
+"""WorkflowRun: start once, track, cancel, mirror, expire.
+
+Starting is idempotent across retries and operator restarts: the run id is
+chosen and written to ``status.runId`` *before* the run is recorded, and the
+World's ``runs.create`` with an existing id returns that run. So a handler
+that dies anywhere in between, retried, starts the same run, never a second.
+
+Everything a start can be refused for is checked before anything is recorded:
+an unknown workflow, input that is not an object or array, arguments the
+workflow's signature cannot take (from the catalogue its workers registered).
+Those end the object in phase ``Failed`` with the reason; problems that time
+fixes (no such WorkflowDeployment yet, no ready revision, the World's Secret
+missing) leave it ``Pending`` with a condition, and are retried.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from datetime import UTC, datetime
+from typing import Any
+
+from treadle import errors as engine_errors
+from treadle.client import start_run
+from treadle.sdk import catalogue, functions
+from treadle.world import events, ids
+from treadle.worlds.production import PostgresNatsWorld
+from treadle_operator import models
+from treadle_operator.errors import WorldUnavailable
+from treadle_operator.models import WorkflowDeploymentSpec, WorkflowRunSpec, WorkflowRunStatus
+from treadle_operator.state import State
+
+log = logging.getLogger("treadle.operator.runs")
+
+PLURAL = "workflowruns"
+MIRRORED = "treadle.dev/mirrored-run"
+STARTED_BY = "treadle.dev/workflowrun"
+SPEC_VERSION = 9
+
+
+class NotYet(Exception):
+    """The run cannot start yet (retried); the message says why."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+def _status(body: dict[str, Any]) -> WorkflowRunStatus:
+    return models.parse_status(WorkflowRunStatus, body.get("status"))
+
+
+async def _patch(state: State, body: dict[str, Any], status: WorkflowRunStatus) -> None:
+    meta = body["metadata"]
+    await state.kube.patch_status(PLURAL, meta["namespace"], meta["name"], models.dump(status))
+
+
+async def world_of(
+    state: State, namespace: str, deployment: str
+) -> tuple[PostgresNatsWorld, dict[str, Any]]:
+    """The World of a WorkflowDeployment, and the object; ``NotYet`` when either is missing."""
+    wfd = await state.kube.get("workflowdeployments", namespace, deployment)
+    if wfd is None:
+        raise NotYet("DeploymentNotFound", f"WorkflowDeployment {namespace}/{deployment} not found")
+    spec = WorkflowDeploymentSpec.model_validate(wfd.get("spec") or {})
+    try:
+        return await state.worlds.get(namespace, spec.world), wfd
+    except WorldUnavailable as exc:
+        raise NotYet("WorldUnavailable", str(exc)) from exc
+
+
+def arguments(value: Any) -> tuple[list[Any], dict[str, Any]] | str:
+    """``spec.input`` as call arguments, or why it cannot be."""
+    if value is None:
+        return [], {}
+    if isinstance(value, dict):
+        return [], dict(value)
+    if isinstance(value, list):
+        return list(value), {}
+    return f"spec.input must be an object (keyword arguments) or an array, not {value!r}"
+
+
+async def start(state: State, body: dict[str, Any]) -> None:
+    """Start the run this WorkflowRun asks for (or pick up the one already started)."""
+    meta = body["metadata"]
+    namespace = meta["namespace"]
+    spec = WorkflowRunSpec.model_validate(body.get("spec") or {})
+    status = _status(body)
+    if status.phase in models.FINISHED_PHASES:
+        return
+    mirrored = (meta.get("annotations") or {}).get(MIRRORED)
+    if mirrored and not status.run_id:
+        status = status.model_copy(update={"run_id": mirrored, "mirrored": True})
+        await _patch(state, body, status)
+
+    world, wfd = await world_of(state, namespace, spec.deployment)
+    if status.run_id:
+        try:
+            await world.runs.get(status.run_id)
+        except engine_errors.RunNotFound:
+            if status.mirrored or not status.revision:
+                raise
+            # Chosen and recorded here, then the handler stopped before the run was.
+            await _record_run(state, world, body, spec, status.run_id, status.revision)
+        state.sync.track(status.run_id, world, body, status)
+        return
+
+    if spec.cancel:
+        cancelled = status.model_copy(
+            update={"phase": "Cancelled", "reason": "CancelledBeforeStart"}
+        )
+        await _patch(state, body, cancelled)
+        return
+    revision = (wfd.get("status") or {}).get("latestRevision")
+    if not revision:
+        raise NotYet(
+            "NoReadyRevision", f"WorkflowDeployment {spec.deployment} has no ready revision yet"
+        )
+    record = await world.deployments.get(revision)
+    served = record.catalogue if record is not None else None
+    problem = refusal(served, spec, revision)
+    if problem is not None:
+        reason, message = problem
+        failed = status.model_copy(
+            update={
+                "phase": "Failed",
+                "reason": reason,
+                "revision": revision,
+                "error": models.RunError(type=reason, message=message),
+                "completed_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            }
+        )
+        await _patch(state, body, failed)
+        await state.kube.event(body, reason, message, warning=True)
+        return
+    run_id = ids.new_run_id()
+    chosen = status.model_copy(
+        update={"run_id": run_id, "revision": revision, "phase": "Pending", "reason": "Starting"}
+    )
+    await _patch(state, body, chosen)
+    await _record_run(state, world, body, spec, run_id, revision)
+    await state.kube.event(body, "Started", f"run {run_id} started on revision {revision}")
+    state.sync.track(run_id, world, body, chosen)
+
+
+def refusal(served: Any, spec: WorkflowRunSpec, revision: str) -> tuple[str, str] | None:
+    """Why this run must not start on ``revision`` (reason, message), or ``None``."""
+    if isinstance(served, dict) and spec.workflow not in served:
+        known = ", ".join(sorted(served)) or "none"
+        return (
+            "UnknownWorkflow",
+            f"revision {revision} serves no workflow {spec.workflow!r} (it serves: {known})",
+        )
+    call = arguments(spec.input)
+    if isinstance(call, str):
+        return "InvalidInput", call
+    args, kwargs = call
+    entry = served.get(spec.workflow) if isinstance(served, dict) else None
+    problem = catalogue.check_arguments(catalogue.signature_of(entry), args, kwargs)
+    if problem is not None:
+        return "InvalidInput", f"workflow {spec.workflow} cannot take spec.input: {problem}"
+    return None
+
+
+async def _record_run(
+    state: State,
+    world: PostgresNatsWorld,
+    body: dict[str, Any],
+    spec: WorkflowRunSpec,
+    run_id: str,
+    revision: str,
+) -> None:
+    call = arguments(spec.input)
+    assert not isinstance(call, str)
+    args, kwargs = call
+    meta = body["metadata"]
+    await start_run(
+        world,
+        name=spec.workflow,
+        data=functions.encode_arguments(tuple(args), kwargs, f"workflow {spec.workflow}"),
+        deployment_id=revision,
+        spec_version=SPEC_VERSION,
+        run_id=run_id,
+        attributes={STARTED_BY: f"{meta['namespace']}/{meta['name']}"},
+    )
+    log.info(
+        "run %s of %s started on %s for %s/%s",
+        run_id,
+        spec.workflow,
+        revision,
+        meta["namespace"],
+        meta["name"],
+    )
+
+
+async def cancel(state: State, body: dict[str, Any], reason: str) -> None:
+    """Cancel the run (if it has one and it has not ended)."""
+    status = _status(body)
+    if not status.run_id or status.phase in models.FINISHED_PHASES:
+        return
+    spec = WorkflowRunSpec.model_validate(body.get("spec") or {})
+    try:
+        world, _ = await world_of(state, body["metadata"]["namespace"], spec.deployment)
+    except NotYet as exc:
+        log.warning("cannot cancel run %s: %s", status.run_id, exc)
+        return
+    try:
+        await world.events.create(status.run_id, events.RunCancelled(reason=reason), in_band=False)
+    except (engine_errors.RunExpired, engine_errors.RunNotFound, engine_errors.WorldContractError):
+        return  # ended (or never recorded) meanwhile: nothing to cancel
+    await state.kube.event(body, "Cancelling", f"run {status.run_id}: {reason}")
+    state.sync.poke(status.run_id)
+
+
+async def follow(state: State, body: dict[str, Any]) -> None:
+    """Track an object's run after a restart (kopf lists every object when it starts)."""
+    status = _status(body)
+    if not status.run_id:
+        return
+    if state.sync.tracks(status.run_id):
+        state.sync.update_body(status.run_id, body)
+        return
+    if status.phase in models.FINISHED_PHASES:
+        return
+    spec = WorkflowRunSpec.model_validate(body.get("spec") or {})
+    try:
+        world, _ = await world_of(state, body["metadata"]["namespace"], spec.deployment)
+    except NotYet:
+        return
+    state.sync.track(status.run_id, world, body, status)
+
+
+def expired(body: dict[str, Any], now: datetime) -> bool:
+    """A finished run whose ``ttlSecondsAfterFinished`` has passed."""
+    spec = WorkflowRunSpec.model_validate(body.get("spec") or {})
+    status = _status(body)
+    if spec.ttl_seconds_after_finished is None or status.phase not in models.FINISHED_PHASES:
+        return False
+    if not status.completed_at:
+        return True
+    finished = datetime.strptime(status.completed_at, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+    return (now - finished).total_seconds() >= spec.ttl_seconds_after_finished
+
+
+_NAME_JUNK = re.compile(r"[^a-z0-9-]+")
+
+
+def mirror_name(workflow: str, run_id: str) -> str:
+    stem = _NAME_JUNK.sub("-", workflow.lower()).strip("-")[:40] or "run"
+    return f"{stem}-{run_id.removeprefix('wrun_').lower()}"
+
+
+async def mirror(state: State, world: PostgresNatsWorld, run_id: str) -> None:
+    """Show a run started from code as a WorkflowRun, when its deployment asks for it."""
+    try:
+        run = await world.runs.get(run_id)
+    except engine_errors.RunNotFound:
+        return
+    owner = state.owners.get(run.deployment_id)
+    if owner is None or not owner.mirror_runs or STARTED_BY in run.attributes:
+        return
+    stored = run.input if isinstance(run.input, dict) else {}
+    args, kwargs = stored.get("args") or [], stored.get("kwargs") or {}
+    name = mirror_name(run.workflow_name, run_id)
+    body: dict[str, Any] = {
+        "apiVersion": models.API_VERSION,
+        "kind": "WorkflowRun",
+        "metadata": {
+            "name": name,
+            "annotations": {MIRRORED: run_id},
+            "labels": {"treadle.dev/deployment": owner.name},
+        },
+        "spec": {
+            "deployment": owner.name,
+            "workflow": run.workflow_name,
+            "input": args if args else kwargs,
+        },
+    }
+    try:
+        await state.kube.create(PLURAL, owner.namespace, body)
+    except Exception as exc:
+        if getattr(exc, "status", None) != 409:
+            raise
+    log.info(
+        "mirrored run %s as WorkflowRun %s/%s", run_id, owner.namespace, body["metadata"]["name"]
+    )

@@ -1,0 +1,30 @@
+"""The operator's settings, from the environment (``TREADLE_OPERATOR_*``)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class OperatorSettings(BaseSettings):
+    model_config = SettingsConfigDict(extra="ignore", frozen=True)
+
+    TREADLE_OPERATOR_RECONCILE_SECONDS: float = Field(
+        default=5.0,
+        gt=0,
+        le=3600,
+        description="how often a WorkflowDeployment's revisions are looked at again "
+        "(readiness, draining); changes to the object are handled at once",
+    )
+    TREADLE_OPERATOR_TTL_CHECK_SECONDS: float = Field(
+        default=10.0, gt=0, le=3600, description="how often finished runs' TTLs are checked"
+    )
+    TREADLE_OPERATOR_RETRY_SECONDS: float = Field(
+        default=5.0,
+        gt=0,
+        le=3600,
+        description="delay before a WorkflowRun that cannot start yet is tried again",
+    )
+    TREADLE_LOG_LEVEL: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"

@@ -1,0 +1,34 @@
+"""What the operator holds while it runs: API client, World connections, status sync."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from treadle_operator.kube import Kube
+from treadle_operator.settings import OperatorSettings
+from treadle_operator.sync import StatusSync
+from treadle_operator.worlds import Worlds
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The WorkflowDeployment a revision belongs to."""
+
+    namespace: str
+    name: str
+    mirror_runs: bool
+
+
+@dataclass
+class State:
+    settings: OperatorSettings
+    kube: Kube
+    worlds: Worlds
+    sync: StatusSync
+    owners: dict[str, Owner] = field(default_factory=dict)  # revision id -> its deployment
+    _locks: dict[str, asyncio.Lock] = field(default_factory=dict)
+
+    def lock(self, uid: str) -> asyncio.Lock:
+        """One reconcile at a time per object (a timer and a change handler may overlap)."""
+        return self._locks.setdefault(uid, asyncio.Lock())

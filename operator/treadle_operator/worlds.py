@@ -1,0 +1,77 @@
+"""Connections to the Worlds that WorkflowDeployments name, opened once and shared.
+
+A WorkflowDeployment names a Secret holding the World's PostgreSQL and NATS
+URLs. ``Worlds.get`` reads it and returns one open ``PostgresNatsWorld`` per
+distinct pair of URLs, so a hundred deployments on one World share one pool.
+The operator never consumes a queue, so the deployment id a connection is
+opened with does not matter: sends are routed by each message's own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from treadle.worlds.production import PostgresNatsWorld, redact
+from treadle_operator.errors import WorldSecretMissing, WorldUnavailable
+from treadle_operator.kube import Kube
+from treadle_operator.models import WorldRef
+
+log = logging.getLogger("treadle.operator.worlds")
+
+
+@dataclass(frozen=True)
+class WorldUrls:
+    database_url: str
+    nats_url: str
+
+    def __str__(self) -> str:
+        return f"{redact(self.database_url)} + {redact(self.nats_url)}"
+
+
+OnOpened = Callable[[WorldUrls, PostgresNatsWorld], Awaitable[None]]
+
+
+class Worlds:
+    def __init__(self, kube: Kube, on_opened: OnOpened | None = None) -> None:
+        self._kube = kube
+        self._open: dict[WorldUrls, PostgresNatsWorld] = {}
+        self._lock = asyncio.Lock()
+        self._on_opened = on_opened
+
+    async def urls(self, namespace: str, ref: WorldRef) -> WorldUrls:
+        data = await self._kube.secret(namespace, ref.secret_name)
+        if data is None:
+            raise WorldSecretMissing(f"Secret {namespace}/{ref.secret_name} does not exist")
+        missing = [k for k in (ref.database_url_key, ref.nats_url_key) if not data.get(k)]
+        if missing:
+            raise WorldSecretMissing(
+                f"Secret {namespace}/{ref.secret_name} has no key {', '.join(missing)}"
+            )
+        return WorldUrls(data[ref.database_url_key], data[ref.nats_url_key])
+
+    async def get(self, namespace: str, ref: WorldRef) -> PostgresNatsWorld:
+        urls = await self.urls(namespace, ref)
+        async with self._lock:
+            world = self._open.get(urls)
+            if world is not None:
+                return world
+            try:
+                world = await PostgresNatsWorld.connect(
+                    urls.database_url, urls.nats_url, deployment_id="treadle-operator"
+                )
+            except Exception as exc:
+                raise WorldUnavailable(f"cannot open the World at {urls}: {exc}") from exc
+            self._open[urls] = world
+            log.info("opened the World at %s", urls)
+        if self._on_opened is not None:
+            await self._on_opened(urls, world)
+        return world
+
+    async def close(self) -> None:
+        async with self._lock:
+            opened, self._open = list(self._open.values()), {}
+        for world in opened:
+            await world.close()
