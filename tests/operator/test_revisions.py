@@ -1,0 +1,110 @@
+"""Revision rules: made on change, latest when ready, draining while runs remain, retired."""
+
+from __future__ import annotations
+
+from treadle_operator import revisions
+from treadle_operator.models import WorkflowDeploymentSpec, WorkflowDeploymentStatus
+from treadle_operator.revisions import Observed
+
+
+def _plan(
+    spec: WorkflowDeploymentSpec,
+    status: WorkflowDeploymentStatus,
+    observed: dict[str, Observed] | None = None,
+) -> revisions.Plan:
+    return revisions.plan(
+        namespace="ns", name="orders", uid="u-1", generation=1, spec=spec, status=status,
+        observed=observed or {}, now="2026-11-30T00:00:00Z",
+    )  # fmt: skip
+
+
+def _spec(image: str, module: str = "orders.app") -> WorkflowDeploymentSpec:
+    return WorkflowDeploymentSpec(image=image, module=module)
+
+
+def test_a_new_deployment_gets_one_pending_revision_and_no_latest() -> None:
+    plan = _plan(_spec("img:1"), WorkflowDeploymentStatus())
+    assert plan.created is not None and plan.created.startswith("orders-")
+    assert [r.phase for r in plan.status.revisions] == ["Pending"]
+    assert plan.status.latest_revision is None
+    assert plan.keep == (plan.created,)
+
+
+def test_revision_ids_are_stable_and_unique() -> None:
+    first = revisions.revision_id("ns", "orders", "u-1", 1, "img:1", "m")
+    assert first == revisions.revision_id("ns", "orders", "u-1", 1, "img:1", "m")
+    assert first != revisions.revision_id("ns", "orders", "u-1", 2, "img:1", "m")
+    assert first != revisions.revision_id("other", "orders", "u-1", 1, "img:1", "m")
+    assert len(revisions.revision_id("ns", "x" * 80, "u", 1, "i", "m")) <= 50
+
+
+def test_ready_makes_it_latest_and_nothing_changes_without_a_spec_change() -> None:
+    first = _plan(_spec("img:1"), WorkflowDeploymentStatus())
+    rev = first.created
+    assert rev is not None
+    ready = _plan(_spec("img:1"), first.status, {rev: Observed(ready=True)})
+    assert ready.created is None
+    assert ready.status.latest_revision == rev
+    assert [r.phase for r in ready.status.revisions] == ["Active"]
+    assert ready.changes == [f"revision {rev} is Active"]
+
+
+def test_a_rollout_drains_the_old_revision_then_retires_it() -> None:
+    one = _plan(_spec("img:1"), WorkflowDeploymentStatus())
+    old = one.created
+    assert old is not None
+    active = _plan(_spec("img:1"), one.status, {old: Observed(ready=True, active_runs=1)})
+    rolled = _plan(_spec("img:2"), active.status, {old: Observed(ready=True, active_runs=1)})
+    new = rolled.created
+    assert new is not None and new != old
+    # The new one is not ready yet: the old one still takes new runs.
+    assert rolled.status.latest_revision == old
+    assert [r.phase for r in rolled.status.revisions] == ["Active", "Pending"]
+    both = {old: Observed(ready=True, active_runs=1), new: Observed(ready=True)}
+    switched = _plan(_spec("img:2"), rolled.status, both)
+    assert switched.status.latest_revision == new
+    assert [r.phase for r in switched.status.revisions] == ["Draining", "Active"]
+    assert set(switched.keep) == {old, new} and switched.retire == ()
+    drained = {old: Observed(ready=True, active_runs=0), new: Observed(ready=True)}
+    done = _plan(_spec("img:2"), switched.status, drained)
+    assert [r.phase for r in done.status.revisions] == ["Retired", "Active"]
+    assert done.retire == (old,) and done.keep == (new,)
+    # Retired is final: later plans neither keep nor retire it again.
+    after = _plan(_spec("img:2"), done.status, {new: Observed(ready=True)})
+    assert after.retire == () and after.keep == (new,)
+
+
+def test_a_revision_superseded_before_it_was_ready_retires_at_once() -> None:
+    one = _plan(_spec("img:1"), WorkflowDeploymentStatus())
+    old = one.created
+    assert old is not None
+    active = _plan(_spec("img:1"), one.status, {old: Observed(ready=True)})
+    broken = _plan(_spec("img:bad"), active.status, {old: Observed(ready=True)})
+    bad = broken.created
+    fixed = _plan(_spec("img:3"), broken.status, {old: Observed(ready=True), bad or "": Observed()})
+    good = fixed.created
+    assert good is not None
+    ready = {old: Observed(ready=True), bad or "": Observed(), good: Observed(ready=True)}
+    final = _plan(_spec("img:3"), fixed.status, ready)
+    assert final.status.latest_revision == good
+    assert [r.phase for r in final.status.revisions] == ["Retired", "Retired", "Active"]
+
+
+def test_the_latest_keeps_serving_while_its_pods_restart() -> None:
+    one = _plan(_spec("img:1"), WorkflowDeploymentStatus())
+    rev = one.created or ""
+    active = _plan(_spec("img:1"), one.status, {rev: Observed(ready=True)})
+    restarting = _plan(_spec("img:1"), active.status, {rev: Observed(ready=False, message="x")})
+    assert restarting.status.latest_revision == rev
+    assert restarting.status.revisions[0].message == "x"
+
+
+def test_history_keeps_at_most_the_limit_of_retired_revisions() -> None:
+    spec = _spec("img:0").model_copy(update={"revision_history_limit": 1})
+    status = WorkflowDeploymentStatus()
+    for n in range(4):
+        spec = spec.model_copy(update={"image": f"img:{n}"})
+        made = _plan(spec, status)
+        status = _plan(spec, made.status, {made.created or "": Observed(ready=True)}).status
+    assert [r.phase for r in status.revisions] == ["Retired", "Active"]
+    assert status.revision_count == 4
