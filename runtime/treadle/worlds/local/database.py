@@ -2,9 +2,10 @@
 
 Every storage and queue operation is a plain function of a ``sqlite3.Connection``
 that ``Database.call`` runs on the database thread, one at a time, so nothing
-blocks the event loop. Each write is one ``BEGIN IMMEDIATE`` transaction, so it
-is atomic against every other writer, in this process or another (the in-band
-fence needs no more than that). The file is opened in WAL mode with
+blocks the event loop. Each write is one ``BEGIN IMMEDIATE`` transaction (or a
+savepoint in a group commit's, see ``groupcommit``), so it is atomic against
+every other writer, in this process or another (the in-band fence needs no
+more than that). The file is opened in WAL mode with
 ``synchronous=NORMAL``: a committed transaction survives the process being
 killed. Any number of processes may open a World (the CLI beside a worker);
 only one at a time may consume its queue, which ``take_consumer_lock`` decides.
@@ -29,6 +30,8 @@ from pathlib import Path
 from typing import IO, TypeVar
 
 from treadle import errors
+from treadle.worlds.local.checkpoint import Checkpointer
+from treadle.worlds.local.groupcommit import GroupCommit
 
 log = logging.getLogger("treadle.worlds.local")
 
@@ -57,12 +60,28 @@ def now_us() -> int:
 
 @contextlib.contextmanager
 def transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
-    """A write transaction: taken at BEGIN, committed on success, rolled back on error."""
+    """A write transaction: taken at BEGIN, committed on success, rolled back on error.
+
+    Inside a group commit's transaction it is a savepoint: its writes commit with the
+    group's, and an error rolls back only them (``groupcommit``).
+    """
+    if conn.in_transaction:
+        conn.execute("SAVEPOINT call")
+        try:
+            yield conn
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK TO call")
+                conn.execute("RELEASE call")
+            raise
+        conn.execute("RELEASE call")
+        return
     conn.execute("BEGIN IMMEDIATE")
     try:
         yield conn
     except BaseException:
-        conn.execute("ROLLBACK")
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
         raise
     conn.execute("COMMIT")
 
@@ -77,6 +96,9 @@ class Database:
         self._conn = conn
         self._lock: IO[str] | None = None
         self._executor = executor
+        self.checkpointer = Checkpointer(directory / DATABASE_FILE)
+        self._group = GroupCommit(conn, executor, self.checkpointer)
+        self._data_version: int | None = None
         self._closed = False
 
     @classmethod
@@ -101,22 +123,34 @@ class Database:
         """Run ``fn(connection)`` on the database thread and return its result."""
         if self._closed:
             raise errors.StorageUnavailable(f"the local World at {self.directory} is closed")
-        loop = asyncio.get_running_loop()
         try:
-            return await loop.run_in_executor(self._executor, fn, self._conn)
+            result: T = await self._group.submit(fn, asyncio.get_running_loop())
         except sqlite3.DatabaseError as exc:
             raise errors.StorageUnavailable(
                 f"the local World at {self.directory} failed: {exc}"
             ) from exc
+        return result
+
+    async def external_writes(self) -> bool:
+        """True when another connection (another process) committed since the last call."""
+        version = await self.call(_data_version)
+        changed = version != self._data_version
+        self._data_version = version
+        return changed
 
     async def close(self) -> None:
         if self._closed:
             return
         self._closed = True
         loop = asyncio.get_running_loop()
+        await self.checkpointer.close()
         await loop.run_in_executor(self._executor, _close_sync, self._conn, self._lock)
         self._lock = None
         self._executor.shutdown(wait=True)
+
+
+def _data_version(conn: sqlite3.Connection) -> int:
+    return int(conn.execute("PRAGMA data_version").fetchone()[0])
 
 
 def _open_sync(directory: Path) -> sqlite3.Connection:
@@ -133,7 +167,9 @@ def _open_sync(directory: Path) -> sqlite3.Connection:
     # Two processes opening a new World at once must not both create its schema.
     with open(directory / INIT_LOCK_FILE, "a") as init_lock:
         fcntl.flock(init_lock.fileno(), fcntl.LOCK_EX)
-        return _connect(directory / DATABASE_FILE)
+        conn = _connect(directory / DATABASE_FILE)
+    conn.execute("PRAGMA wal_autocheckpoint = 0")  # the Checkpointer runs them, off this thread
+    return conn
 
 
 def _take_lock(path: Path) -> IO[str]:
