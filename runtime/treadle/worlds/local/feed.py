@@ -1,8 +1,10 @@
 """The local live feed: pushes a run's committed events to subscribers in slot order.
 
 Writers in this process hand every committed event to ``Feed.publish`` right
-after the commit; another process's writes are found by a tail read every half
-second.
+after the commit. Another process's writes are noticed by one watcher per feed,
+which asks the database every half second whether another connection committed
+(``PRAGMA data_version``, one cheap call however many runs are followed) and
+only then has every subscription read its tail.
 A subscription delivers contiguous slots at once; on a gap (an event it has not
 been handed, or events committed before it subscribed) it reads the missing
 slots from the log. Callbacks run on the event loop; an exception in one is
@@ -14,7 +16,6 @@ Called by ``storage.LocalEvents``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 
@@ -25,6 +26,8 @@ log = logging.getLogger("treadle.worlds.local.feed")
 EXTERNAL_WRITE_POLL_SECONDS = 0.5
 
 ListPage = Callable[[str, int], Awaitable[records.EventPage]]
+# True when another connection committed since the last call.
+ExternalWrites = Callable[[], Awaitable[bool]]
 
 
 class Subscription:
@@ -80,11 +83,13 @@ class Subscription:
             )
             self._on_error(exc)
 
+    def external_writes(self) -> None:
+        """Another process committed: read the tail."""
+        self._gap.set()
+
     async def _fill_gaps(self) -> None:
         while not self._closed:
-            # Writes from other processes are not published here: read the tail now and then.
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._gap.wait(), EXTERNAL_WRITE_POLL_SECONDS)
+            await self._gap.wait()
             self._gap.clear()
             try:
                 while not self._closed:
@@ -107,9 +112,11 @@ class Subscription:
 class Feed:
     """Subscriptions by run."""
 
-    def __init__(self, list_page: ListPage) -> None:
+    def __init__(self, list_page: ListPage, external_writes: ExternalWrites) -> None:
         self.list_page = list_page
+        self._external_writes = external_writes
         self._by_run: dict[str, list[Subscription]] = {}
+        self._watcher: asyncio.Task[None] | None = None
 
     def subscribe(
         self,
@@ -120,6 +127,10 @@ class Feed:
     ) -> Subscription:
         sub = Subscription(self, run_id, after_slot, on_event, on_error)
         self._by_run.setdefault(run_id, []).append(sub)
+        if self._watcher is None or self._watcher.done():
+            self._watcher = asyncio.get_running_loop().create_task(
+                self._watch(), name="treadle-feed-watcher"
+            )
         return sub
 
     def remove(self, sub: Subscription) -> None:
@@ -133,7 +144,24 @@ class Feed:
         for sub in list(self._by_run.get(run_id, ())):
             sub.offer(committed)
 
+    async def _watch(self) -> None:
+        """While anyone subscribes: every half second, did another process commit?"""
+        while self._by_run:
+            await asyncio.sleep(EXTERNAL_WRITE_POLL_SECONDS)
+            try:
+                changed = await self._external_writes()
+            except Exception as exc:
+                log.warning("cannot tell whether another process wrote: %s", exc)
+                changed = True  # read the tails; their failures reach the subscribers
+            if changed:
+                for subs in list(self._by_run.values()):
+                    for sub in list(subs):
+                        sub.external_writes()
+
     def close(self) -> None:
         for subs in list(self._by_run.values()):
             for sub in list(subs):
                 sub.close()
+        if self._watcher is not None:
+            self._watcher.cancel()
+            self._watcher = None

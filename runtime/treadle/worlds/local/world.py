@@ -34,7 +34,7 @@ class LocalWorld:
             return self
         db = await Database.open(self.path)
         self._db = db
-        self.feed = Feed(self._list_page)
+        self.feed = Feed(self._list_page, db.external_writes)
         self.runs: contract.Runs = storage.LocalRuns(db, self.feed)
         self.events: contract.Events = storage.LocalEvents(db, self.feed)
         self.steps: contract.Steps = storage.LocalSteps(db)
