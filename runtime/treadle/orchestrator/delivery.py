@@ -38,6 +38,13 @@ def _ms(moment: datetime) -> int:
     return int(moment.timestamp() * 1000)
 
 
+def _retrieve(done: asyncio.Future[Any]) -> None:
+    """A write in flight that nobody awaits: its failure stops the writer, which every
+    later write reports; reading it here keeps asyncio from logging it as lost."""
+    if not done.cancelled():
+        done.exception()
+
+
 class OrchestratorDelivery:
     def __init__(
         self, rt: Runtime, message: messages.OrchestratorMessage, meta: messages.DeliveryMeta
@@ -53,6 +60,10 @@ class OrchestratorDelivery:
         self._inline: dict[asyncio.Task[None], str] = {}
         self._timed: set[str] = set()
         self._divergences = 0
+        # Turbo (the start message's first delivery): run_started goes out without waiting;
+        # every later write queues on the writer behind it.
+        self._turbo = False
+        self._run_started: asyncio.Future[events.LoggedEvent] | None = None
 
     @property
     def replay(self) -> engine.Replay:
@@ -79,6 +90,8 @@ class OrchestratorDelivery:
         finally:
             for task in self._inline:
                 task.cancel()
+            if self._run_started is not None:
+                await asyncio.wait([self._run_started])  # never cut a write short
             self.session.close()
 
     async def _run(self) -> messages.HandlerResult:
@@ -127,7 +140,12 @@ class OrchestratorDelivery:
             return messages.ACK
         self.session.start_replay(workflow)
         if not state.started:
-            await self.session.write(events.RunStarted())
+            if self._turbo:
+                # Queued on the writer ahead of every later write; not awaited here.
+                self._run_started = self.session.write_soon(events.RunStarted())
+                self._run_started.add_done_callback(_retrieve)
+            else:
+                await self.session.write(events.RunStarted())
         self.session.subscribe()
         await self._arm_owned_chains()
         return await self._passes()
@@ -160,6 +178,7 @@ class OrchestratorDelivery:
             and self.meta.delivery_count == 1
         ):
             self.session.synthesize(start)
+            self._turbo = True
             return True
         try:
             await self.session.load()
@@ -208,7 +227,15 @@ class OrchestratorDelivery:
                     if result is not None:
                         return result
 
+    async def _started(self) -> None:
+        """Turbo: wait for run_started (in flight since the delivery began) and raise its
+        refusal, as awaiting it there would have."""
+        started, self._run_started = self._run_started, None
+        if started is not None:
+            await started
+
     async def _finish(self) -> messages.HandlerResult:
+        await self._started()
         await self._settle_inline()
         self.rt.consumed[self.run_id] = self.session.tail
         return messages.ACK
@@ -342,6 +369,7 @@ class OrchestratorDelivery:
     # -- creating what the workflow waits on -------------------------------------------
 
     async def _create(self, suspended: engine.Suspended) -> None:
+        await self._started()  # the replay ran while it was in flight; nothing is sent before
         for hook in suspended.dispose:
             await self.session.write(events.HookDisposed(correlation_id=hook.correlation_id))
             hook.disposed = True

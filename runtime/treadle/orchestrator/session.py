@@ -25,7 +25,7 @@ from treadle.orchestrator.runtime import Runtime, step_key
 from treadle.orchestrator.writer import InBandWriter
 from treadle.replay import engine
 from treadle.sdk import functions
-from treadle.world import constants, contract, events, messages
+from treadle.world import constants, contract, events, messages, records
 
 log = logging.getLogger("treadle.orchestrator.session")
 
@@ -166,7 +166,19 @@ class RunSession:
     async def write(self, event: events.Event) -> events.LoggedEvent:
         """One in-band write, consumed after it commits, behind its report."""
         assert self.writer is not None
-        result = await self.writer.create(event)
+        return await self._absorb(await self.writer.create(event))
+
+    def write_soon(self, event: events.Event) -> asyncio.Task[events.LoggedEvent]:
+        """``write``, queued on the writer now (ahead of every later write), not awaited."""
+        assert self.writer is not None
+        written = self.writer.create_soon(event)
+
+        async def absorbed() -> events.LoggedEvent:
+            return await self._absorb(await written)
+
+        return asyncio.ensure_future(absorbed())
+
+    async def _absorb(self, result: records.EventResult) -> events.LoggedEvent:
         self.offer(result.report)
         self.offer([result.event])
         if result.has_more:

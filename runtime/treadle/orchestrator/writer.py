@@ -1,8 +1,9 @@
 """The in-band writer: every decision of one orchestrator delivery goes through it.
 
-One write at a time, each carrying the fence count (``expected_seq_in_band``,
-taken from the load's snapshot and advanced by each accepted write's
-``allocated``) and the slot its decision was made against (``event_count``).
+One write at a time, in the order they were asked for, each carrying the
+fence count (``expected_seq_in_band``, taken from the load's snapshot and
+advanced by each accepted write's ``allocated``) and the slot its decision
+was made against (``event_count``).
 A fence refusal stops the writer for good: that write and every later one
 raise ``Superseded`` without reaching the World. A transport or storage
 failure stops it too. Any other refusal (``RunExpired``, say) keeps the count
@@ -14,8 +15,9 @@ Called by ``orchestrator.delivery``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from datetime import datetime
 
 from treadle import errors
@@ -42,7 +44,8 @@ class InBandWriter:
         self.superseded: errors.InBandSuperseded | None = None
         self.failure: BaseException | None = None
         self.accepted: list[events.LoggedEvent] = []
-        self._lock = asyncio.Lock()
+        # Writes go one at a time, in the order asked for: each waits for the one before.
+        self._last: asyncio.Future[None] | None = None
 
     @property
     def stopped(self) -> bool:
@@ -58,10 +61,47 @@ class InBandWriter:
         if self.failure is not None:
             raise WriterStopped(f"run {self.run_id}: writes stopped after: {self.failure}")
 
+    def _take_turn(self) -> tuple[asyncio.Future[None] | None, asyncio.Future[None]]:
+        """Reserve the next place in line, now (before any write asked for later)."""
+        before, mine = self._last, asyncio.get_running_loop().create_future()
+        self._last = mine
+        return before, mine
+
+    @contextlib.asynccontextmanager
+    async def _turn(
+        self, place: tuple[asyncio.Future[None] | None, asyncio.Future[None]]
+    ) -> AsyncIterator[None]:
+        before, mine = place
+        try:
+            if before is not None and not before.done():
+                await asyncio.wait([before])
+            yield
+        except BaseException:
+            if before is not None and not before.done():
+                # Cancelled while waiting: the next in line still waits for ours' predecessor.
+                before.add_done_callback(lambda _done: _finish(mine))
+            else:
+                _finish(mine)
+            raise
+        _finish(mine)
+
+    def create_soon(self, event: events.Event) -> asyncio.Task[records.EventResult]:
+        """Queue a write now, ahead of every write asked for later, without waiting for it."""
+        place = self._take_turn()
+        return asyncio.ensure_future(self._create(event, None, place))
+
     async def create(
         self, event: events.Event, *, occurred_at: datetime | None = None
     ) -> records.EventResult:
-        async with self._lock:
+        return await self._create(event, occurred_at, self._take_turn())
+
+    async def _create(
+        self,
+        event: events.Event,
+        occurred_at: datetime | None,
+        place: tuple[asyncio.Future[None] | None, asyncio.Future[None]],
+    ) -> records.EventResult:
+        async with self._turn(place):
             self._check()
             try:
                 result = await self._world.events.create(
@@ -79,7 +119,7 @@ class InBandWriter:
             return result
 
     async def create_batch(self, batch: Sequence[events.Event]) -> records.BatchResult:
-        async with self._lock:
+        async with self._turn(self._take_turn()):
             self._check()
             try:
                 result = await self._world.events.create_batch(
@@ -112,3 +152,8 @@ class InBandWriter:
         self.accepted.extend(committed)
         if committed and not has_more:
             self.known = max(self.known, max(e.slot for e in committed))
+
+
+def _finish(turn: asyncio.Future[None]) -> None:
+    if not turn.done():
+        turn.set_result(None)
