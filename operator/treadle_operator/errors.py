@@ -5,6 +5,7 @@
     OperatorError                 anything the operator raises on purpose
     ├── WorldUnavailable          the World a WorkflowDeployment names cannot be reached
     │   └── WorldSecretMissing    its Secret, or a key in it, does not exist (retried)
+    ├── NotConfigured             no cluster: not in a Pod and no usable kubeconfig
     └── NotInstalled              the ``operator`` extra is not installed
 
 Engine errors (``treadle.errors``) pass through unchanged; a run the World
@@ -24,6 +25,10 @@ class WorldUnavailable(OperatorError):
 
 class WorldSecretMissing(WorldUnavailable):
     """The Secret with the World's URLs, or one of its keys, is missing; retried."""
+
+
+class NotConfigured(OperatorError):
+    """Not in a Pod, and no usable kubeconfig: there is no cluster to serve."""
 
 
 class NotInstalled(OperatorError):

@@ -56,6 +56,11 @@ def build_registry(state: State) -> kopf.OperatorRegistry:
     async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         configure(settings)
 
+    @kopf.on.login(registry=registry)
+    async def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+        """In a Pod, its service account; elsewhere ``$KUBECONFIG`` or ``~/.kube/config``."""
+        return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+
     # -- WorkflowDeployment -----------------------------------------------------------------
 
     async def reconcile(body: Any) -> None:

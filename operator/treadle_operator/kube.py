@@ -17,6 +17,7 @@ from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from treadle_operator import models
+from treadle_operator.errors import NotConfigured
 
 log = logging.getLogger("treadle.operator.kube")
 
@@ -34,6 +35,11 @@ _TROUBLE = frozenset(
 )
 
 
+MERGE_PATCH = "application/merge-patch+json"
+# The client would send a dict as a JSON *patch*; ours are merge patches.
+_MERGE: dict[str, Any] = {"_content_type": MERGE_PATCH}
+
+
 def now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -43,7 +49,13 @@ async def login() -> client.ApiClient:
     try:
         config.load_incluster_config()  # type: ignore[no-untyped-call]
     except config.ConfigException:
-        await config.load_kube_config()
+        try:
+            await config.load_kube_config()
+        except (config.ConfigException, OSError) as exc:
+            raise NotConfigured(
+                f"no Kubernetes cluster to talk to: not in a Pod, and the kubeconfig "
+                f"($KUBECONFIG or ~/.kube/config) cannot be used: {exc}"
+            ) from None
     return client.ApiClient()
 
 
@@ -87,7 +99,7 @@ class Kube:
                 self.api.sanitize_for_serialization(current.spec.template), wanted["template"]
             ):
                 await self.apps.patch_namespaced_deployment(
-                    meta["name"], meta["namespace"], {"spec": wanted}
+                    meta["name"], meta["namespace"], {"spec": wanted}, **_MERGE
                 )
 
     async def delete_deployment(self, namespace: str, name: str) -> None:
@@ -166,7 +178,13 @@ class Kube:
         """Merge ``status`` into the object's status; ``False`` when the object is gone."""
         try:
             await self.custom.patch_namespaced_custom_object_status(
-                models.GROUP, models.VERSION, namespace, plural, name, {"status": status}
+                models.GROUP,
+                models.VERSION,
+                namespace,
+                plural,
+                name,
+                {"status": status},
+                **_MERGE,
             )
         except ApiException as exc:
             if exc.status == 404:

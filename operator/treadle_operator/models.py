@@ -196,5 +196,19 @@ def parse_status(model: type[_ModelT], raw: Any) -> _ModelT:
 
 
 def dump(model: BaseModel) -> dict[str, Any]:
-    """The wire form: camelCase keys, JSON values."""
-    return model.model_dump(mode="json", by_alias=True)
+    """The wire form for a merge patch: camelCase keys, JSON values.
+
+    Empty strings are left out (the models' defaults read them back as ""): the
+    API server stores a "" inside a list as null and then refuses it as not a
+    string. A top-level ``None`` stays, so the patch removes that field.
+    """
+    wire: dict[str, Any] = model.model_dump(mode="json", by_alias=True)
+    return {k: _drop_empty(v) for k, v in wire.items() if v != ""}
+
+
+def _drop_empty(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _drop_empty(v) for k, v in value.items() if v not in ("", None)}
+    if isinstance(value, list):
+        return [_drop_empty(v) for v in value]
+    return value

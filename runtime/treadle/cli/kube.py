@@ -28,7 +28,11 @@ def _operator_module(name: str) -> ModuleType:
 
 async def cmd_operator(args: argparse.Namespace) -> int:
     main = _operator_module("main")
-    await main.run(args.namespace or ())
+    errors = _operator_module("errors")
+    try:
+        await main.run(args.namespace or ())
+    except errors.OperatorError as exc:
+        raise common.UsageError(str(exc)) from None
     return common.OK
 
 

@@ -1,0 +1,35 @@
+"""Workflows the worker pods of the operator tests serve (``treadle worker`` loads this file).
+
+Each step reports the image its pod runs (the process kubelet sets
+``TREADLE_POD_IMAGE``), so a test can tell which revision served it.
+"""
+
+from __future__ import annotations
+
+import os
+
+from treadle import Hook, Workflows
+
+app = Workflows()
+
+
+class Approval(Hook):
+    approved: bool
+
+
+@app.step
+async def where() -> str:
+    return os.environ.get("TREADLE_POD_IMAGE", "?")
+
+
+@app.workflow
+async def greet(name: str) -> dict[str, str]:
+    return {"hello": name, "image": await where()}
+
+
+@app.workflow
+async def approval(order_id: str) -> dict[str, object]:
+    before = await where()
+    answer = await Approval.wait(token=f"approve:{order_id}")
+    after = await where()
+    return {"approved": bool(answer and answer.approved), "before": before, "after": after}

@@ -1,0 +1,171 @@
+"""The treadle operator under test: a real ``treadle operator`` process, a World, a shop.
+
+``OperatorProcess`` runs ``python -m treadle.cli operator --namespace NS`` against
+the test control plane (short reconcile and retry intervals), logging to a file
+a failing test prints. ``Shop`` is one namespace with the World's Secret and a
+WorkflowDeployment whose workers serve ``k8s_workflows.py``; its helpers create
+WorkflowRuns, read them, and run the ``treadle`` CLI against the same World
+(what a user does "from outside").
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .conftest import POD_ENV
+from .harness import Kube, wait_for
+
+WORKFLOWS = Path(__file__).with_name("k8s_workflows.py")
+API = "/apis/treadle.dev/v1alpha1"
+FAST = {
+    "TREADLE_OPERATOR_RECONCILE_SECONDS": "0.5",
+    "TREADLE_OPERATOR_TTL_CHECK_SECONDS": "0.5",
+    "TREADLE_OPERATOR_RETRY_SECONDS": "0.5",
+    "TREADLE_LOG_LEVEL": "INFO",
+}
+
+
+@dataclass
+class OperatorProcess:
+    kube: Kube
+    namespace: str
+    log_path: Path
+    proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        env = {**os.environ, **self.kube.environ(), **POD_ENV, **FAST}
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "treadle.cli", "operator", "--namespace", self.namespace],
+                env=env, stdout=log, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+
+    def kill(self) -> None:
+        """kill -9: no cleanup, no goodbye."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+@dataclass
+class Shop:
+    kube: Kube
+    namespace: str
+    database_url: str
+    nats_url: str
+    operator: OperatorProcess
+    deployment: str = "shop"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    # -- objects ----------------------------------------------------------------------------
+
+    def path(self, plural: str, name: str = "") -> str:
+        base = f"{API}/namespaces/{self.namespace}/{plural}"
+        return f"{base}/{name}" if name else base
+
+    def secret(self, name: str = "treadle-world") -> None:
+        self.kube.rest.create(
+            f"/api/v1/namespaces/{self.namespace}/secrets",
+            {"metadata": {"name": name},
+             "stringData": {"database-url": self.database_url, "nats-url": self.nats_url}},
+        )  # fmt: skip
+
+    def deploy(self, name: str, image: str, **spec: Any) -> dict[str, Any]:
+        body = {
+            "apiVersion": "treadle.dev/v1alpha1", "kind": "WorkflowDeployment",
+            "metadata": {"name": name},
+            "spec": {"image": image, "module": str(WORKFLOWS),
+                     "orchestrator": {"replicas": 1}, "steps": {"replicas": 1}, **spec},
+        }  # fmt: skip
+        made: dict[str, Any] = self.kube.rest.create(self.path("workflowdeployments"), body)
+        return made
+
+    def wfd(self, name: str | None = None) -> dict[str, Any]:
+        found: dict[str, Any] = self.kube.rest.get(
+            self.path("workflowdeployments", name or self.deployment)
+        )
+        return found
+
+    def latest(self, name: str | None = None, timeout: float = 90) -> str:
+        """The deployment's latest ready revision, once there is one."""
+        return str(
+            wait_for(
+                lambda: (self.wfd(name).get("status") or {}).get("latestRevision"),
+                timeout,
+                what=f"a ready revision of {name or self.deployment}\n{self.operator.log()[-3000:]}",
+            )
+        )
+
+    def start(self, name: str, workflow: str, input: Any = None, **spec: Any) -> None:
+        body = {
+            "apiVersion": "treadle.dev/v1alpha1", "kind": "WorkflowRun",
+            "metadata": {"name": name},
+            "spec": {"deployment": self.deployment, "workflow": workflow, "input": input, **spec},
+        }  # fmt: skip
+        self.kube.rest.create(self.path("workflowruns"), body)
+
+    def run(self, name: str) -> dict[str, Any] | None:
+        found: dict[str, Any] | None = self.kube.rest.find(self.path("workflowruns", name))
+        return found
+
+    def status(self, name: str) -> dict[str, Any]:
+        found = self.run(name)
+        return (found or {}).get("status") or {}
+
+    def phase(self, name: str, *phases: str, timeout: float = 60) -> dict[str, Any]:
+        """The run's status once its phase is one of ``phases``."""
+
+        def reached() -> dict[str, Any] | None:
+            status = self.status(name)
+            return status if status.get("phase") in phases else None
+
+        what = f"WorkflowRun {name} in {phases}\n{self.operator.log()[-3000:]}"
+        found: dict[str, Any] = wait_for(reached, timeout, what=what)
+        return found
+
+    def events(self, name: str) -> list[str]:
+        listed = self.kube.rest.get(
+            f"/api/v1/namespaces/{self.namespace}/events?fieldSelector=involvedObject.name={name}"
+        )
+        return [e["reason"] for e in listed["items"]]
+
+    # -- the World, from outside ----------------------------------------------------------
+
+    def cli(self, *args: str, revision: str = "outside") -> subprocess.CompletedProcess[str]:
+        env = {
+            **os.environ,
+            "TREADLE_WORLD": "postgres",
+            "TREADLE_DATABASE_URL": self.database_url,
+            "TREADLE_NATS_URL": self.nats_url,
+            "TREADLE_DEPLOYMENT_ID": revision,
+        }
+        return subprocess.run(
+            [sys.executable, "-m", "treadle.cli", *args],
+            env=env, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+
+    def world_run(self, run_id: str) -> dict[str, Any]:
+        done = self.cli("runs", "get", run_id, "--json")
+        assert done.returncode == 0, done.stderr
+        found: dict[str, Any] = json.loads(done.stdout)
+        return found
