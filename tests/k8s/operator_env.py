@@ -112,7 +112,7 @@ class Shop:
             wait_for(
                 lambda: (self.wfd(name).get("status") or {}).get("latestRevision"),
                 timeout,
-                what=f"a ready revision of {name or self.deployment}\n{self.operator.log()[-3000:]}",
+                what=f"a ready revision of {name or self.deployment}",
             )
         )
 
@@ -139,7 +139,7 @@ class Shop:
             status = self.status(name)
             return status if status.get("phase") in phases else None
 
-        what = f"WorkflowRun {name} in {phases}\n{self.operator.log()[-3000:]}"
+        what = f"WorkflowRun {name} in {phases}"
         found: dict[str, Any] = wait_for(reached, timeout, what=what)
         return found
 

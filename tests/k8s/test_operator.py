@@ -64,7 +64,8 @@ def shop_factory(
     yield make
     for shop in made:
         shop.operator.stop()
-        print(f"--- operator log of {shop.namespace} (tail) ---\n{shop.operator.log()[-6000:]}")
+        print(f"--- operator log of {shop.namespace} (tail) ---")
+        print(shop.operator.log()[-6000:])
         # Worker Deployments go with their owner; the namespace takes the rest.
         kube.rest.delete(f"/api/v1/namespaces/{shop.namespace}")
 
@@ -117,7 +118,7 @@ def test_a_deployment_starts_its_workers_and_a_run_completes_with_status_synced(
 
 
 def test_a_hook_resumed_from_outside_and_cancel_by_deleting_or_by_spec(shop: Shop) -> None:
-    """waitingOn names the hook; `treadle hooks resume` finishes it; delete and spec.cancel cancel."""
+    """waitingOn names the hook; `treadle hooks resume` ends it; delete or spec.cancel cancel."""
     shop.start("approve-1", "approval", {"order_id": "o-1"})
     shop.start("approve-2", "approval", {"order_id": "o-2"})
     shop.start("approve-3", "approval", {"order_id": "o-3"})
@@ -125,7 +126,7 @@ def test_a_hook_resumed_from_outside_and_cancel_by_deleting_or_by_spec(shop: Sho
         waiting = wait_for(
             lambda name=name: shop.status(name).get("waitingOn"),  # type: ignore[misc]
             60,
-            what=f"{name} waiting\n{shop.operator.log()[-2000:]}",
+            what=f"{name} waiting",
         )
         assert waiting == [f"hook approve:{order}"]
         assert shop.status(name)["phase"] == "Running"
@@ -285,7 +286,7 @@ def test_runs_started_from_code_are_mirrored_when_asked(shop: Shop) -> None:
         done = [i for i in items if (i.get("status") or {}).get("phase") == "Completed"]
         return done[0] if done else None
 
-    obj = wait_for(mirrored, 60, what=f"the mirrored run\n{shop.operator.log()[-2000:]}")
+    obj = wait_for(mirrored, 60, what="the mirrored run")
     assert obj["status"]["runId"] == run_id  # type: ignore[index]
     assert obj["status"]["mirrored"] is True  # type: ignore[index]
     assert obj["spec"] == {"deployment": "shop", "workflow": "greet",  # type: ignore[index]
@@ -318,7 +319,7 @@ def test_missing_secret_and_crash_looping_workers_become_conditions(
             (c := condition_of(shop, "broken", "WorkersHealthy")) and c["status"] == "False" and c
         ),
         90,
-        what=f"a crash-loop condition\n{shop.operator.log()[-2000:]}",
+        what="a crash-loop condition",
     )
     assert "CrashLoopBackOff" in broken["message"]
     assert "no_such_module_here" in broken["message"]
