@@ -7,7 +7,10 @@ first subscription is made. A subscription first reads what was committed
 before it subscribed (after the listener is in place, so nothing falls between
 the two), then reads the missing slots whenever a notification names a slot
 past its cursor, and delivers in slot order. Writes made through this World are
-also offered at once, without waiting for their notification.
+also offered at once, without waiting for their notification; a notification
+that arrives while this World's own write to the run is still returning waits
+for it, and reads only if a slot it names is still missing then (the
+notification of an own write used to cost a read of the log per write).
 
 The listener connection is checked every ``HEARTBEAT_SECONDS``; when it is lost
 (the server ended it, the network dropped) every subscription hears
@@ -23,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from typing import Any
 
 import asyncpg
@@ -57,8 +60,11 @@ class Subscription:
         self._on_event = on_event
         self._on_error = on_error
         self._pending: dict[int, events.LoggedEvent] = {}
+        # The highest slot known to exist (notified or offered); read while it is ahead.
+        self._wanted = 0
         self._news = asyncio.Event()
-        self._news.set()  # read what was committed before we subscribed
+        self._news.set()
+        self._initial = True  # read what was committed before we subscribed
         self.closed = False
         self._task = asyncio.get_running_loop().create_task(
             self._follow(), name=f"treadle-pg-feed-{run_id}"
@@ -73,6 +79,7 @@ class Subscription:
 
     def notified(self, slot: int) -> None:
         if slot > self.cursor:
+            self._wanted = max(self._wanted, slot)
             self._news.set()
 
     def offer(self, committed: Iterable[events.LoggedEvent]) -> None:
@@ -81,6 +88,7 @@ class Subscription:
                 self._pending[event.slot] = event
         self._drain()
         if self._pending:
+            self._wanted = max(self._wanted, max(self._pending))
             self._news.set()
 
     def fail(self, exc: BaseException) -> None:
@@ -112,7 +120,10 @@ class Subscription:
             while not self.closed:
                 await self._news.wait()
                 self._news.clear()
-                await self._read_missing()
+                await self._feed.own_writes_returned(self.run_id)
+                if self._initial or self._wanted > self.cursor:
+                    self._initial = False
+                    await self._read_missing()
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -142,6 +153,8 @@ class Feed:
         self._dsn = dsn
         self.list_page = list_page
         self._by_run: dict[str, list[Subscription]] = {}
+        # This World's writes in flight per run (each done once it returned and published).
+        self._writing: dict[str, set[asyncio.Future[None]]] = {}
         self._listener: asyncio.Task[Any] | None = None
         self._conn: Any = None
         self._heartbeat: asyncio.Task[None] | None = None
@@ -166,6 +179,26 @@ class Feed:
             subs.remove(sub)
             if not subs:
                 del self._by_run[sub.run_id]
+
+    @contextlib.contextmanager
+    def writing(self, run_id: str) -> Iterator[None]:
+        """Around an own write to ``run_id``: its notification waits for it to return."""
+        returned = asyncio.get_running_loop().create_future()
+        writes = self._writing.setdefault(run_id, set())
+        writes.add(returned)
+        try:
+            yield
+        finally:
+            returned.set_result(None)
+            writes.discard(returned)
+            if not writes and self._writing.get(run_id) is writes:
+                del self._writing[run_id]
+
+    async def own_writes_returned(self, run_id: str) -> None:
+        """Return once the writes of this World to ``run_id`` in flight now have returned."""
+        writes = self._writing.get(run_id)
+        if writes:
+            await asyncio.wait(list(writes))
 
     def publish(self, run_id: str, committed: list[events.LoggedEvent]) -> None:
         """Offer events this World committed, ahead of their notifications."""

@@ -167,9 +167,10 @@ class PostgresEvents:
         idempotency_key: str | None = None,
     ) -> records.EventResult:
         params = append.WriteParams(in_band, expected_seq_in_band, event_count, occurred_at)
-        result = await append.create(self._db, run_id, event, params, idempotency_key)
-        if result.allocated:
-            self._feed.publish(run_id, [result.event])
+        with self._feed.writing(run_id):
+            result = await append.create(self._db, run_id, event, params, idempotency_key)
+            if result.allocated:
+                self._feed.publish(run_id, [result.event])
         return result
 
     async def create_batch(
@@ -183,9 +184,10 @@ class PostgresEvents:
         occurred_at: datetime | None = None,
     ) -> records.BatchResult:
         params = append.WriteParams(in_band, expected_seq_in_band, event_count, occurred_at)
-        result, committed = await append.create_batch(self._db, run_id, batch, params)
-        if committed:
-            self._feed.publish(run_id, committed)
+        with self._feed.writing(run_id):
+            result, committed = await append.create_batch(self._db, run_id, batch, params)
+            if committed:
+                self._feed.publish(run_id, committed)
         return result
 
     async def list(
