@@ -157,13 +157,14 @@ def claim(
                 "WHERE state = 'leased' AND gate_run_id IS NOT NULL"
             ).fetchall()
         )
+        # Payloads are read only for what is leased: the window is scanned for coalescing.
         due = conn.execute(
-            "SELECT message_id, kind, payload, gate_run_id, idempotency_key, delivery_count, "
+            "SELECT message_id, kind, gate_run_id, idempotency_key, delivery_count, "
             f"handoffs FROM queue_messages WHERE state = 'ready' AND available_at <= ? "
             f"AND kind IN ({kind_marks}) ORDER BY line LIMIT ?",
             (now, *kinds, capacity + 256),
         ).fetchall()
-        for message_id, kind, payload, gate, key, delivery_count, handoffs in due:
+        for message_id, kind, gate, key, delivery_count, handoffs in due:
             if gate is not None and gate in holders:
                 conn.execute("DELETE FROM queue_messages WHERE message_id = ?", (message_id,))
                 conn.execute(
@@ -179,6 +180,9 @@ def claim(
                 "lease_token = ?, lease_until = ?, coalesced = 0 WHERE message_id = ?",
                 (token, lease_until, message_id),
             )
+            payload = conn.execute(
+                "SELECT payload FROM queue_messages WHERE message_id = ?", (message_id,)
+            ).fetchone()[0]
             capacity -= 1
             if gate is not None:
                 holders[gate] = message_id
