@@ -21,9 +21,9 @@ from treadle.world import contract
 from treadle.world.records import RunStatus
 from treadle.worlds.production import PostgresNatsWorld
 from treadle_operator import kube, manifests, models, revisions
+from treadle_operator.conditions import condition, merge_conditions
 from treadle_operator.errors import WorldSecretMissing, WorldUnavailable
 from treadle_operator.models import (
-    Condition,
     RevisionStatus,
     WorkflowDeploymentSpec,
     WorkflowDeploymentStatus,
@@ -50,28 +50,6 @@ async def active_runs(world: contract.World, deployment_id: str) -> int:
             if cursor is None:
                 break
     return total
-
-
-def condition(type_: str, ok: bool, reason: str, message: str = "") -> Condition:
-    return Condition(
-        type=type_,
-        status="True" if ok else "False",
-        reason=reason,
-        message=message,
-        last_transition_time=kube.now(),
-    )
-
-
-def merge_conditions(old: list[Condition], new: list[Condition]) -> list[Condition]:
-    """New conditions, keeping the transition time of those whose status did not change."""
-    before = {c.type: c for c in old}
-    merged = []
-    for c in new:
-        prior = before.get(c.type)
-        if prior is not None and prior.status == c.status:
-            c = c.model_copy(update={"last_transition_time": prior.last_transition_time})
-        merged.append(c)
-    return merged
 
 
 async def steps_replicas(

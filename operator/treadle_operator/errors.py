@@ -5,8 +5,7 @@
     OperatorError                 anything the operator raises on purpose
     ├── WorldUnavailable          the World a WorkflowDeployment names cannot be reached
     │   └── WorldSecretMissing    its Secret, or a key in it, does not exist (retried)
-    ├── NotConfigured             no cluster: not in a Pod and no usable kubeconfig
-    └── NotInstalled              the ``operator`` extra is not installed
+    └── NotConfigured             no cluster: not in a Pod and no usable kubeconfig
 
 Engine errors (``treadle.errors``) pass through unchanged; a run the World
 refuses to start is a ``treadle.errors.WorldError``.
@@ -29,7 +28,3 @@ class WorldSecretMissing(WorldUnavailable):
 
 class NotConfigured(OperatorError):
     """Not in a Pod, and no usable kubeconfig: there is no cluster to serve."""
-
-
-class NotInstalled(OperatorError):
-    """``treadle operator`` needs the ``operator`` extra (kopf, kubernetes-asyncio)."""

@@ -91,13 +91,19 @@ def build_registry(state: State) -> kopf.OperatorRegistry:
             await runs.start(state, plain)
         except runs.NotYet as exc:
             current = models.parse_status(WorkflowRunStatus, plain.get("status"))
-            waiting = current.model_copy(update={"phase": "Pending", "reason": exc.reason})
+            waiting = current.model_copy(
+                update={
+                    "phase": "Pending",
+                    "reason": exc.reason,
+                    "conditions": runs.started(current, False, exc.reason, str(exc)),
+                }
+            )
             if waiting != current:
                 await state.kube.patch_status(
                     WFR,
                     plain["metadata"]["namespace"],
                     plain["metadata"]["name"],
-                    {**models.dump(waiting), "error": {"type": exc.reason, "message": str(exc)}},
+                    models.dump(waiting),
                 )
             raise kopf.TemporaryError(str(exc), delay=cfg.TREADLE_OPERATOR_RETRY_SECONDS) from exc
 

@@ -26,6 +26,7 @@ from treadle.sdk import catalogue, functions
 from treadle.world import events, ids
 from treadle.worlds.production import PostgresNatsWorld
 from treadle_operator import models
+from treadle_operator.conditions import condition, merge_conditions
 from treadle_operator.errors import WorldUnavailable
 from treadle_operator.models import WorkflowDeploymentSpec, WorkflowRunSpec, WorkflowRunStatus
 from treadle_operator.state import State
@@ -128,6 +129,7 @@ async def start(state: State, body: dict[str, Any]) -> None:
                 "revision": revision,
                 "error": models.RunError(type=reason, message=message),
                 "completed_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                "conditions": started(status, False, reason, message),
             }
         )
         await _patch(state, body, failed)
@@ -135,12 +137,28 @@ async def start(state: State, body: dict[str, Any]) -> None:
         return
     run_id = ids.new_run_id()
     chosen = status.model_copy(
-        update={"run_id": run_id, "revision": revision, "phase": "Pending", "reason": "Starting"}
+        update={
+            "run_id": run_id,
+            "revision": revision,
+            "phase": "Pending",
+            "reason": "Starting",
+            "error": None,
+            "conditions": started(status, True, "RunRecorded", f"run {run_id} on {revision}"),
+        }
     )
     await _patch(state, body, chosen)
     await _record_run(state, world, body, spec, run_id, revision)
     await state.kube.event(body, "Started", f"run {run_id} started on revision {revision}")
     state.sync.track(run_id, world, body, chosen)
+
+
+def started(
+    status: WorkflowRunStatus, ok: bool, reason: str, message: str
+) -> list[models.Condition]:
+    """The object's conditions with ``Started`` set."""
+    return merge_conditions(status.conditions, [condition("Started", ok, reason, message)]) + [
+        c for c in status.conditions if c.type != "Started"
+    ]
 
 
 def refusal(served: Any, spec: WorkflowRunSpec, revision: str) -> tuple[str, str] | None:
