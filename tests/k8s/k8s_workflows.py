@@ -6,6 +6,7 @@ Each step reports the image its pod runs (the process kubelet sets
 
 from __future__ import annotations
 
+import asyncio
 import os
 
 from treadle import Hook, Workflows
@@ -33,3 +34,15 @@ async def approval(order_id: str) -> dict[str, object]:
     answer = await Approval.wait(token=f"approve:{order_id}")
     after = await where()
     return {"approved": bool(answer and answer.approved), "before": before, "after": after}
+
+
+@app.step
+async def nap(seconds: float) -> str:
+    await asyncio.sleep(seconds)
+    return os.environ.get("TREADLE_POD_NAME", "?")
+
+
+@app.workflow
+async def naps(count: int, seconds: float) -> list[str]:
+    """``count`` background steps at once: a backlog on the step queue."""
+    return list(await asyncio.gather(*(nap(seconds) for _ in range(count))))

@@ -293,6 +293,24 @@ def test_runs_started_from_code_are_mirrored_when_asked(shop: Shop) -> None:
                            "input": {"name": "mirror"}, "cancel": False}  # fmt: skip
 
 
+def test_step_workers_scale_with_the_step_backlog(shop_factory: Callable[[], Shop]) -> None:
+    """autoscale: replicas follow the JetStream backlog between the bounds, back to the floor."""
+    shop = shop_factory()
+    shop.secret()
+    shop.operator.start()
+    autoscale = {"minReplicas": 1, "maxReplicas": 3, "pendingPerReplica": 1}
+    shop.deploy("shop", "shop:1", steps={"concurrency": 1, "autoscale": autoscale})
+    revision = shop.latest()
+    steps = f"/apis/apps/v1/namespaces/{shop.namespace}/deployments/{revision}-steps"
+    assert shop.kube.rest.get(steps)["spec"]["replicas"] == 1
+    shop.start("busy", "naps", {"count": 6, "seconds": 8})
+    wait_for(lambda: shop.kube.rest.get(steps)["spec"]["replicas"] == 3, 60, what="scaled up")
+    done = shop.phase("busy", "Completed", timeout=120)
+    served = set(json.loads(done["output"]))
+    assert len(served) >= 2, f"the backlog was shared by more than one pod: {served}"
+    wait_for(lambda: shop.kube.rest.get(steps)["spec"]["replicas"] == 1, 60, what="back to 1")
+
+
 def test_missing_secret_and_crash_looping_workers_become_conditions(
     shop_factory: Callable[[], Shop],
 ) -> None:
