@@ -22,8 +22,9 @@ def workflow_deployment(name: str, image: str) -> dict[str, Any]:
             "image": image,
             "module": "treadle_e2e",
             "world": {
-                "postgresSecret": {"name": WORLD_SECRET, "key": "database-url"},
-                "natsSecret": {"name": WORLD_SECRET, "key": "nats-url"},
+                "secretName": WORLD_SECRET,
+                "databaseUrlKey": "database-url",
+                "natsUrlKey": "nats-url",
             },
             "orchestrator": {"replicas": 1},
             "steps": {"replicas": 1, "concurrency": 4},
