@@ -34,6 +34,8 @@ def main(argv: list[str]) -> int:
         code = 0
     except Unsupported as exc:
         result, code = {"unsupported": str(exc)}, 0
+    except ModuleNotFoundError as exc:
+        result, code = {"error": f"{exc.name} is not installed (pip install -e '.[bench]')"}, 1
     except Exception as exc:
         traceback.print_exc()
         result, code = {"error": f"{type(exc).__name__}: {exc}"}, 1

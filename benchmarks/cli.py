@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         json_path, results, started=started_at, seconds=elapsed, mode=mode,
         settings=settings, caps=suite.caps,
     )  # fmt: skip
-    drawn = report.chart(png_path, results)
+    no_chart = report.chart(png_path, results)
     print()
     print(report.table(results))
     print()
@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     for line in report.targets(results):
         print(f"- {line}")
     print()
-    print(f"{elapsed:.0f} s; results: {json_path}" + (f", chart: {png_path}" if drawn else ""))
+    print(f"{elapsed:.0f} s; results: {json_path}; " + (no_chart or f"chart: {png_path}"))
     failed = any(outcome.errors for outcome in results.values())
     return 1 if failed else 0
 

@@ -18,7 +18,7 @@ from benchmarks.runner import Outcome, Results
 COMPARED_WITH = {"dbos": "postgres", "vercel": "local"}
 COLUMNS = (("treadle", "local"), ("treadle", "postgres"), ("dbos", "postgres"), ("vercel", "local"))
 METRIC_ORDER = (
-    "ttfs_ms", "stso_gap_ms", "ms_per_step@", "fanout", "runs_per_s@", "steps_per_s@",
+    "ttfs", "stso_gap_ms", "ms_per_step@", "fanout", "runs_per_s@", "steps_per_s@",
     "recovery_ms",
 )  # fmt: skip
 
@@ -211,9 +211,12 @@ def write_json(
     path.write_text(json.dumps(document, indent=1) + "\n")
 
 
-def chart(path: Path, results: Results) -> bool:
-    """STSO ms/step against steps and fan-out times against branches; False without data."""
-    import matplotlib
+def chart(path: Path, results: Results) -> str | None:
+    """Draw STSO ms/step against steps and fan-out times against branches; why not, if not."""
+    try:
+        import matplotlib
+    except ModuleNotFoundError:
+        return "no chart: matplotlib is not installed (pip install -e '.[bench]')"
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -254,4 +257,4 @@ def chart(path: Path, results: Results) -> bool:
     if drawn:
         fig.savefig(path, dpi=110)
     plt.close(fig)
-    return drawn
+    return None if drawn else "no chart: no STSO or fan-out results"

@@ -28,9 +28,8 @@ async def noop(key: str, i: int) -> int:
 @app.step(max_retries=3)
 async def hang_once(key: str, i: int) -> int:
     """A no-op whose first attempt hangs (the worker is killed in it); later ones return."""
-    attempt = step_metadata().attempt
-    probe.mark(key, f"{i}.{attempt}.{os.getpid()}")
-    if attempt == 1:
+    probe.mark(key, f"{i}.{os.getpid()}")
+    if step_metadata().attempt == 1:
         await asyncio.sleep(HANG_SECONDS)
     return i
 
