@@ -121,6 +121,8 @@ def step_creation(
 
 def creation_batches(batch: list[events.Event]) -> list[list[events.Event]]:
     """At most 64 events and 512 KiB a batch (payload plus 1 KiB each); a big one alone."""
+    if len(batch) <= 1:
+        return [batch] if batch else []  # one event goes alone whatever its size
     chunks: list[list[events.Event]] = []
     current: list[events.Event] = []
     size = 0

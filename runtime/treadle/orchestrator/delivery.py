@@ -334,13 +334,13 @@ class OrchestratorDelivery:
             if remaining <= 0:
                 return False
             wait_ms = min(remaining, poll_ms) if poll_ms > 0 else remaining
-            news = asyncio.ensure_future(session.news.wait())
-            done, _ = await asyncio.wait(
-                [news, *self._inline], timeout=wait_ms / 1000, return_when=asyncio.FIRST_COMPLETED
-            )
-            news.cancel()
-            if not done and poll_ms > 0:
-                await session.read_tail()
+            # A settling inline body sets ``news`` too (``_start_inline``): one wait, no tasks.
+            try:
+                async with asyncio.timeout(wait_ms / 1000):
+                    await session.news.wait()
+            except TimeoutError:
+                if poll_ms > 0:
+                    await session.read_tail()
 
     def _reap_done(self) -> None:
         for task in [t for t in self._inline if t.done()]:
@@ -441,6 +441,7 @@ class OrchestratorDelivery:
             self._run_inline(step_id, step_name, step_input, attempt, max_retries),
             name=f"treadle-inline-{step_id}",
         )
+        task.add_done_callback(lambda _task: self.session.news.set())
         self._inline[task] = step_id
 
     async def _run_inline(
