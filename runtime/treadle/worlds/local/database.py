@@ -58,6 +58,11 @@ def now_us() -> int:
     return time.time_ns() // 1000
 
 
+# (begin, commit, roll back) of a write transaction, and of one nested in a group commit's.
+_OWN = ("BEGIN IMMEDIATE", ("COMMIT",), ("ROLLBACK",))
+_NESTED = ("SAVEPOINT call", ("RELEASE call",), ("ROLLBACK TO call", "RELEASE call"))
+
+
 @contextlib.contextmanager
 def transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
     """A write transaction: taken at BEGIN, committed on success, rolled back on error.
@@ -65,25 +70,17 @@ def transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
     Inside a group commit's transaction it is a savepoint: its writes commit with the
     group's, and an error rolls back only them (``groupcommit``).
     """
-    if conn.in_transaction:
-        conn.execute("SAVEPOINT call")
-        try:
-            yield conn
-        except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK TO call")
-                conn.execute("RELEASE call")
-            raise
-        conn.execute("RELEASE call")
-        return
-    conn.execute("BEGIN IMMEDIATE")
+    begin, commit, roll_back = _NESTED if conn.in_transaction else _OWN
+    conn.execute(begin)
     try:
         yield conn
     except BaseException:
-        if conn.in_transaction:
-            conn.execute("ROLLBACK")
+        if conn.in_transaction:  # an error SQLite rolled back itself leaves nothing to undo
+            for statement in roll_back:
+                conn.execute(statement)
         raise
-    conn.execute("COMMIT")
+    for statement in commit:
+        conn.execute(statement)
 
 
 class Database:
