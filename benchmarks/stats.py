@@ -21,7 +21,8 @@ def summary(values: list[float]) -> dict[str, float | int]:
 
 
 def higher_is_better(metric: str) -> bool:
-    return "per_s" in metric
+    """Rates (``runs_per_s@...``, ``steps_per_s@...``); every other metric is a time."""
+    return metric.startswith(("runs_per_s@", "steps_per_s@"))
 
 
 def advantage(metric: str, treadle: float, peer: float) -> float:

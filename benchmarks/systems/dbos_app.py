@@ -17,7 +17,7 @@ from typing import Any
 
 from dbos import DBOS, DBOSConfig
 
-from benchmarks import probe
+from benchmarks import shapes
 
 QUEUE = "bench"
 # The DBOS figures use a 10 ms queue poll (DBOS's default is 1 s).
@@ -28,42 +28,27 @@ HANG_ENV = "BENCH_HANG"
 
 @DBOS.step()
 async def noop(key: str, i: int) -> int:
-    probe.mark(key, i)
-    return i
+    return await shapes.noop(key, i)
 
 
 @DBOS.step()
 async def hang_once(key: str, i: int) -> int:
-    probe.mark(key, f"{i}.{os.getpid()}")
-    if os.environ.get(HANG_ENV):
-        await asyncio.sleep(3600)
-    return i
+    return await shapes.hang(key, i, first_attempt=bool(os.environ.get(HANG_ENV)))
 
 
 @DBOS.workflow()
 async def chain(key: str, n: int) -> int:
-    for i in range(n):
-        await noop(key, i)
-    probe.end(key)
-    return n
+    return await shapes.chain(noop, key, n)
 
 
 @DBOS.workflow()
 async def fanout(key: str, n: int) -> int:
-    results = await asyncio.gather(*(noop(key, i) for i in range(n)))
-    probe.join(key)
-    return len(results)
+    return await shapes.fanout(noop, key, n)
 
 
 @DBOS.workflow()
 async def crash_chain(key: str, n: int, hang_at: int) -> int:
-    for i in range(n):
-        if i == hang_at:
-            await hang_once(key, i)
-        else:
-            await noop(key, i)
-    probe.end(key)
-    return n
+    return await shapes.crash_chain(noop, hang_once, key, n, hang_at)
 
 
 WORKFLOWS: dict[str, Callable[..., Coroutine[Any, Any, int]]] = {

@@ -1,7 +1,8 @@
 """The Vercel Workflow Python SDK's benchmark workflows (the shapes treadle's app has).
 
 Workflow bodies run in the SDK's sandbox, which refuses clocks; ``benchmarks.probe``
-is passed through from the host so the body can mark its join and its end.
+and ``benchmarks.shapes`` are passed through from the host so the body can mark its
+join and its end.
 
 ``serve`` (``python -m benchmarks.systems.vercel_bench [KEY N HANG_AT]``; not this
 module, whose workflows must be imported under their own name) is a process on the
@@ -20,52 +21,39 @@ from typing import Any
 
 from vercel.workflow import SandboxPolicy, Workflows, start
 
-from benchmarks import probe
+from benchmarks import shapes
 
 READY = "vercel process ready"
 HANG_ENV = "BENCH_HANG"
 
-wf = Workflows(sandbox_policy=SandboxPolicy(passthrough_modules=frozenset({"benchmarks.probe"})))
+# The bodies (benchmarks.shapes) come from the host, as does the probe they mark with.
+PASSTHROUGH = frozenset({"benchmarks.probe", "benchmarks.shapes"})
+wf = Workflows(sandbox_policy=SandboxPolicy(passthrough_modules=PASSTHROUGH))
 
 
 @wf.step
 async def noop(key: str, i: int) -> int:
-    probe.mark(key, i)
-    return i
-
-
-@wf.workflow
-async def chain(key: str, n: int) -> int:
-    for i in range(n):
-        await noop(key, i)
-    probe.end(key)
-    return n
-
-
-@wf.workflow
-async def fanout(key: str, n: int) -> int:
-    results = await asyncio.gather(*(noop(key, i) for i in range(n)))
-    probe.join(key)
-    return len(results)
+    return await shapes.noop(key, i)
 
 
 @wf.step
 async def hang_once(key: str, i: int) -> int:
-    probe.mark(key, f"{i}.{os.getpid()}")
-    if os.environ.get(HANG_ENV):
-        await asyncio.sleep(3600)
-    return i
+    return await shapes.hang(key, i, first_attempt=bool(os.environ.get(HANG_ENV)))
+
+
+@wf.workflow
+async def chain(key: str, n: int) -> int:
+    return await shapes.chain(noop, key, n)
+
+
+@wf.workflow
+async def fanout(key: str, n: int) -> int:
+    return await shapes.fanout(noop, key, n)
 
 
 @wf.workflow
 async def crash_chain(key: str, n: int, hang_at: int) -> int:
-    for i in range(n):
-        if i == hang_at:
-            await hang_once(key, i)
-        else:
-            await noop(key, i)
-    probe.end(key)
-    return n
+    return await shapes.crash_chain(noop, hang_once, key, n, hang_at)
 
 
 # Looked up by name by the driver; typed loosely, as ``start`` is generic over each one.

@@ -1,0 +1,57 @@
+"""The benchmark workflows' bodies, written once: every system's app wraps these in its
+own decorators, so treadle and each peer run exactly the same code.
+
+``step`` arguments are the system's registered steps; the bodies mark where a step
+starts, where a gather joins and where a run ends (``probe``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Awaitable, Callable
+
+from benchmarks import probe
+
+Step = Callable[[str, int], Awaitable[int]]
+HANG_SECONDS = 3600.0
+
+
+async def noop(key: str, i: int) -> int:
+    """A no-op step body: it only marks that it started."""
+    probe.mark(key, i)
+    return i
+
+
+async def hang(key: str, i: int, *, first_attempt: bool) -> int:
+    """A no-op step body that hangs on its first attempt, so its worker can be killed in it.
+
+    It marks ``<i>.<pid>``: the harness kills that process.
+    """
+    probe.mark(key, f"{i}.{os.getpid()}")
+    if first_attempt:
+        await asyncio.sleep(HANG_SECONDS)
+    return i
+
+
+async def chain(step: Step, key: str, n: int) -> int:
+    """n sequential steps (STSO; TTFS and throughput with n=1 and 10)."""
+    for i in range(n):
+        await step(key, i)
+    probe.end(key)
+    return n
+
+
+async def fanout(step: Step, key: str, n: int) -> int:
+    """n steps in one gather, then the join."""
+    results = await asyncio.gather(*(step(key, i) for i in range(n)))
+    probe.join(key)
+    return len(results)
+
+
+async def crash_chain(step: Step, hang_step: Step, key: str, n: int, hang_at: int) -> int:
+    """n sequential steps; step ``hang_at`` is ``hang_step`` (recovery)."""
+    for i in range(n):
+        await (hang_step if i == hang_at else step)(key, i)
+    probe.end(key)
+    return n
