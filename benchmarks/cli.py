@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import NoReturn
 
 from benchmarks import plan, report, servers
 from benchmarks.runner import Outcome, Results, run_job
@@ -23,18 +24,26 @@ from benchmarks.runner import Outcome, Results, run_job
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 
-def _choices(text: str, allowed: tuple[str, ...], option: str) -> tuple[str, ...]:
+def _choices(text: str, allowed: tuple[str, ...]) -> tuple[str, ...]:
     chosen = tuple(part.strip() for part in text.split(",") if part.strip())
     unknown = [c for c in chosen if c not in allowed]
     if unknown or not chosen:
         raise argparse.ArgumentTypeError(
-            f"{option} takes a comma-separated list of {', '.join(allowed)}, not {text!r}"
+            f"takes a comma-separated list of {', '.join(allowed)}, not {text!r}"
         )
     return chosen
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+class Parser(argparse.ArgumentParser):
+    """Usage errors are one line on stderr, exit 2 (as the ``treadle`` command's)."""
+
+    def error(self, message: str) -> NoReturn:
+        sys.stderr.write(f"python -m benchmarks: error: {message} (see: --help)\n")
+        raise SystemExit(2)
+
+
+def build_parser() -> Parser:
+    parser = Parser(
         prog="python -m benchmarks",
         description="treadle against DBOS and the Vercel Workflow Python SDK: TTFS, STSO, "
         "fan-out, throughput and recovery, each in a fresh process.",
@@ -42,18 +51,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--quick", action="store_true", help="tiny sizes, 1 repeat, treadle only")
     parser.add_argument(
         "--systems",
-        type=lambda t: _choices(t, plan.SYSTEMS, "--systems"),
+        type=lambda t: _choices(t, plan.SYSTEMS),
         help="comma-separated: treadle,dbos,vercel (default all; --quick: treadle)",
     )
     parser.add_argument(
         "--worlds",
-        type=lambda t: _choices(t, ("local", "postgres"), "--worlds"),
+        type=lambda t: _choices(t, ("local", "postgres")),
         default=("local", "postgres"),
         help="comma-separated: local,postgres (default both)",
     )
     parser.add_argument(
         "--scenarios",
-        type=lambda t: _choices(t, plan.SCENARIOS, "--scenarios"),
+        type=lambda t: _choices(t, plan.SCENARIOS),
         default=plan.SCENARIOS,
         help=f"comma-separated: {','.join(plan.SCENARIOS)} (default all)",
     )

@@ -48,6 +48,5 @@ def test_quick_suite_measures_every_scenario_and_writes_results(tmp_path: Path) 
 def test_an_unknown_system_is_one_error_line() -> None:
     result = _bench("--systems", "temporal")
     assert result.returncode == 2
-    lines = result.stderr.strip().splitlines()
-    assert "--systems takes a comma-separated list of treadle, dbos, vercel" in lines[-1]
-    assert "Traceback" not in result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert "argument --systems: takes a comma-separated list of treadle, dbos, vercel" in line
