@@ -94,7 +94,7 @@ class Database:
         self._lock: IO[str] | None = None
         self._executor = executor
         self.checkpointer = Checkpointer(directory / DATABASE_FILE)
-        self._group = GroupCommit(conn, executor, self.checkpointer)
+        self._group = GroupCommit(conn, self.checkpointer)
         self._data_version: int | None = None
         self._closed = False
 
@@ -140,6 +140,7 @@ class Database:
             return
         self._closed = True
         loop = asyncio.get_running_loop()
+        await self._group.close()
         await self.checkpointer.close()
         await loop.run_in_executor(self._executor, _close_sync, self._conn, self._lock)
         self._lock = None

@@ -1,5 +1,9 @@
 """Group commit: the database thread runs the calls that queued up as one transaction.
 
+``GroupCommit`` owns the thread that serves ``Database.call`` (a plain thread
+woken through a ``SimpleQueue``: an executor's per-call future, condition and
+thread bookkeeping cost more than a small write).
+
 ``Database.call`` hands ``GroupCommit.submit`` a function of the connection.
 Calls that arrive while the database thread is busy wait in a queue, and the
 thread takes them all at once: a lone call runs as it is (its own
@@ -20,10 +24,10 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import queue
 import sqlite3
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from treadle.worlds.local.checkpoint import Checkpointer
@@ -33,15 +37,25 @@ Outcome = tuple["asyncio.Future[Any]", bool, Any]
 
 
 class GroupCommit:
-    def __init__(
-        self, conn: sqlite3.Connection, executor: ThreadPoolExecutor, checkpointer: Checkpointer
-    ) -> None:
+    def __init__(self, conn: sqlite3.Connection, checkpointer: Checkpointer) -> None:
         self._conn = conn
-        self._executor = executor
         self._checkpointer = checkpointer
         self._pending: collections.deque[Call] = collections.deque()
         self._lock = threading.Lock()
         self._draining = False
+        # The database thread: woken with the loop to answer on, or None to stop.
+        self._wakeups: queue.SimpleQueue[asyncio.AbstractEventLoop | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._serve, name="treadle-sqlite", daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while (loop := self._wakeups.get()) is not None:
+            self._drain(loop)
+
+    async def close(self) -> None:
+        """Stop the thread once every call handed over so far has been answered."""
+        self._wakeups.put(None)
+        await asyncio.get_running_loop().run_in_executor(None, self._thread.join)
 
     def submit(
         self, fn: Callable[[sqlite3.Connection], Any], loop: asyncio.AbstractEventLoop
@@ -52,7 +66,7 @@ class GroupCommit:
             if self._draining:
                 return future
             self._draining = True
-        self._executor.submit(self._drain, loop)
+        self._wakeups.put(loop)
         return future
 
     def _take(self) -> list[Call]:
