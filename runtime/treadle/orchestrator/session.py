@@ -121,9 +121,12 @@ class RunSession:
 
     def offer(self, committed: Sequence[events.LoggedEvent]) -> None:
         """Take committed events; only the gap-free run above what we hold is consumed."""
+        tail = self.tail
         for event in committed:
-            if event.slot > self.tail:
+            if event.slot > tail:
                 self._pending[event.slot] = event
+        if not self._pending:
+            return  # all held already (the feed's echo of an own write, say)
         while (following := self._pending.pop(self.tail + 1, None)) is not None:
             if self.replay is not None:
                 self.replay.feed(following)
