@@ -189,3 +189,27 @@ async def _record(
     await state.kube.patch_status(
         "workflowdeployments", meta["namespace"], meta["name"], models.dump(after)
     )
+
+
+async def retire_all(state: State, body: dict[str, Any]) -> None:
+    """Retire every revision of a deleted WorkflowDeployment in its World (best effort).
+
+    So ``start_on_latest`` never picks a revision whose workers are gone. A World
+    that cannot be reached does not hold the deletion up: it is logged.
+    """
+    meta = body["metadata"]
+    spec = WorkflowDeploymentSpec.model_validate(body.get("spec") or {})
+    status = models.parse_status(WorkflowDeploymentStatus, body.get("status"))
+    try:
+        world = await state.worlds.get(meta["namespace"], spec.world)
+        for revision in status.revisions:
+            if revision.phase != "Retired":
+                await world.deployments.retire(revision.id)
+            state.owners.pop(revision.id, None)
+    except Exception as exc:  # deletion must not wait on the World
+        log.warning(
+            "WorkflowDeployment %s/%s deleted; its revisions stay registered: %s",
+            meta["namespace"],
+            meta["name"],
+            exc,
+        )

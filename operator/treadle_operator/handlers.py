@@ -78,6 +78,11 @@ def build_registry(state: State) -> kopf.OperatorRegistry:
     async def deployment_changed(body: kopf.Body, **_: Any) -> None:
         await reconcile(body)
 
+    @kopf.on.delete(G, V, WFD, registry=registry)
+    async def deployment_deleted(body: kopf.Body, **_: Any) -> None:
+        """Its worker Deployments go with it (owner references); the World forgets it too."""
+        await deployments.retire_all(state, _plain(body))
+
     @kopf.timer(G, V, WFD, interval=cfg.TREADLE_OPERATOR_RECONCILE_SECONDS, registry=registry)
     async def deployment_tick(body: kopf.Body, **_: Any) -> None:
         await reconcile(body)

@@ -152,11 +152,6 @@ class Kube:
             raise
         return found
 
-    async def list(self, plural: str) -> list[dict[str, Any]]:
-        found = await self.custom.list_cluster_custom_object(models.GROUP, models.VERSION, plural)
-        items: list[dict[str, Any]] = found.get("items", [])
-        return items
-
     async def create(self, plural: str, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
         made: dict[str, Any] = await self.custom.create_namespaced_custom_object(
             models.GROUP, models.VERSION, namespace, plural, body

@@ -23,6 +23,10 @@ async def run(namespaces: Sequence[str] = ()) -> None:
     logging.basicConfig(
         level=settings.TREADLE_LOG_LEVEL, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    if settings.TREADLE_LOG_LEVEL != "DEBUG":
+        # kopf tells of every handler that succeeded; ours log what matters.
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+        logging.getLogger("kopf.activities").setLevel(logging.WARNING)
     client = kube.Kube(await kube.login())
     sync = StatusSync(client)
     worlds = Worlds(client, on_opened=sync.listen)

@@ -10,14 +10,19 @@ WorkflowRuns, read them, and run the ``treadle`` CLI against the same World
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from treadle.world.records import DeploymentRecord
+from treadle.worlds.production import PostgresNatsWorld
 
 from .conftest import POD_ENV
 from .harness import Kube, wait_for
@@ -32,15 +37,61 @@ FAST = {
 }
 
 
+CHART = Path(__file__).resolve().parents[2] / "charts" / "treadle"
+IDENTITY_KINDS = ("Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding")
+
+
+def chart_identity(kube: Kube, directory: Path) -> Path:
+    """A kubeconfig for the operator as the Helm chart installs it, and nothing more.
+
+    Creates the chart's ServiceAccount, ClusterRole and ClusterRoleBinding (rendered
+    from ``charts/treadle``), asks the API server for a token of that account
+    (TokenRequest) and writes a kubeconfig using it: every scenario then also
+    checks that the chart's least-privilege RBAC is enough.
+    """
+    from ..chart.render import render_chart
+
+    release_ns = "treadle-system"
+    kube.rest.create("/api/v1/namespaces", {"metadata": {"name": release_ns}})
+    account = ""
+    for manifest in render_chart(CHART, {"crds": {"install": False}}, namespace=release_ns):
+        body = manifest.body
+        kind = body["kind"]
+        if kind == "ServiceAccount":
+            account = body["metadata"]["name"]
+            kube.rest.create(f"/api/v1/namespaces/{release_ns}/serviceaccounts", body)
+        elif kind == "ClusterRole":
+            kube.rest.create("/apis/rbac.authorization.k8s.io/v1/clusterroles", body)
+        elif kind == "ClusterRoleBinding":
+            kube.rest.create("/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", body)
+    assert account, "the chart renders a ServiceAccount"
+    issued = kube.rest.create(
+        f"/api/v1/namespaces/{release_ns}/serviceaccounts/{account}/token",
+        {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+         "spec": {"expirationSeconds": 86400}},
+    )  # fmt: skip
+    config = {
+        "apiVersion": "v1", "kind": "Config", "current-context": "operator",
+        "clusters": [{"name": "test", "cluster": {"server": kube.server,
+                                                  "insecure-skip-tls-verify": True}}],
+        "users": [{"name": "operator", "user": {"token": issued["status"]["token"]}}],
+        "contexts": [{"name": "operator", "context": {"cluster": "test", "user": "operator"}}],
+    }  # fmt: skip
+    path = directory / "operator-kubeconfig"
+    path.write_text(json.dumps(config))
+    return path
+
+
 @dataclass
 class OperatorProcess:
     kube: Kube
     namespace: str
     log_path: Path
+    kubeconfig: Path
     proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        env = {**os.environ, **self.kube.environ(), **POD_ENV, **FAST}
+        env = {**os.environ, **POD_ENV, **FAST, "KUBECONFIG": str(self.kubeconfig)}
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "treadle.cli", "operator", "--namespace", self.namespace],
@@ -163,6 +214,21 @@ class Shop:
             [sys.executable, "-m", "treadle.cli", *args],
             env=env, capture_output=True, text=True, timeout=60,
         )  # fmt: skip
+
+    def deployment_record(self, revision: str) -> DeploymentRecord | None:
+        """What the World records of a revision (read on a loop of its own)."""
+
+        async def read() -> DeploymentRecord | None:
+            world = await PostgresNatsWorld.connect(
+                self.database_url, self.nats_url, deployment_id="test-reader"
+            )
+            try:
+                return await world.deployments.get(revision)
+            finally:
+                await world.close()
+
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            return pool.submit(asyncio.run, read()).result()
 
     def world_run(self, run_id: str) -> dict[str, Any]:
         done = self.cli("runs", "get", run_id, "--json")

@@ -23,7 +23,7 @@ from ..nats.conftest import NatsServer, nats_server
 from ..postgres.conftest import Clones, pg_clones, pg_server
 from ..postgres.pgserver import Server as PgServer
 from .harness import Kube, wait_for
-from .operator_env import OperatorProcess, Shop
+from .operator_env import OperatorProcess, Shop, chart_identity
 from .rest import ApiError
 
 __all__ = ["nats_server", "pg_clones", "pg_server"]
@@ -37,9 +37,16 @@ def _database(pg_server: PgServer, pg_clones: Clones) -> str:
     return pg_server.dsn(name)
 
 
+@pytest.fixture(scope="session")
+def operator_kubeconfig(kube: Kube, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The operator runs as the chart's service account, with the chart's RBAC only."""
+    return chart_identity(kube, tmp_path_factory.mktemp("identity"))
+
+
 @pytest.fixture
 def shop_factory(
     kube: Kube,
+    operator_kubeconfig: Path,
     pg_server: PgServer,
     pg_clones: Clones,
     nats_server: NatsServer,
@@ -56,7 +63,7 @@ def shop_factory(
             namespace=namespace,
             database_url=_database(pg_server, pg_clones),
             nats_url=nats_server.url,
-            operator=OperatorProcess(kube, namespace, log),
+            operator=OperatorProcess(kube, namespace, log, operator_kubeconfig),
         )
         made.append(shop)
         return shop
@@ -223,7 +230,8 @@ def test_bad_runs_fail_with_the_reason_and_record_nothing(shop: Shop) -> None:
     shop.start("args", "greet", {"nom": "typo"})
     unknown = shop.phase("unknown", "Failed")
     assert unknown["reason"] == "UnknownWorkflow"
-    assert "serves no workflow 'refund' (it serves: approval, greet)" in unknown["error"]["message"]
+    served = "serves no workflow 'refund' (it serves: approval, greet, naps)"
+    assert served in unknown["error"]["message"]
     shape = shop.phase("shape", "Failed")
     assert shape["reason"] == "InvalidInput"
     assert "spec.input must be an object" in shape["error"]["message"]
@@ -236,6 +244,18 @@ def test_bad_runs_fail_with_the_reason_and_record_nothing(shop: Shop) -> None:
     listed = shop.cli("runs", "list", "--json")
     assert listed.returncode == 0, listed.stderr
     assert json.loads(listed.stdout) == []
+
+
+def test_deleting_a_deployment_removes_its_workers_and_retires_it(shop: Shop) -> None:
+    revision = shop.latest()
+    record = shop.deployment_record(revision)
+    assert record is not None and not record.retired and record.catalogue
+    shop.kube.rest.delete(shop.path("workflowdeployments", "shop"))
+    wait_for(lambda: shop.kube.rest.find(shop.path("workflowdeployments", "shop")) is None, 30)
+    retired = shop.deployment_record(revision)
+    assert retired is not None and retired.retired
+    deployments = f"/apis/apps/v1/namespaces/{shop.namespace}/deployments"
+    wait_for(lambda: not shop.kube.rest.get(deployments)["items"], 60, what="workers collected")
 
 
 def test_invalid_objects_are_rejected_by_the_schema(shop: Shop) -> None:
