@@ -223,6 +223,24 @@ def test_the_operator_restarted_mid_run_loses_nothing(shop: Shop) -> None:
     assert shop.phase("while-down", "Completed")["runId"]
 
 
+def test_a_start_cut_off_after_choosing_its_run_id_starts_that_run_once(shop: Shop) -> None:
+    """The handler writes status.runId before recording the run; if it dies in between, the
+    retried handler records the run under that id: one run, the object's id, never two."""
+    revision = shop.latest()
+    shop.operator.stop()
+    shop.start("cut", "greet", {"name": "once"})
+    chosen = "wrun_01JCVT0FFAFTERCH00S1NGRVNA"
+    shop.kube.rest.patch(
+        shop.path("workflowruns", "cut") + "/status",
+        {"status": {"runId": chosen, "revision": revision, "phase": "Pending"}},
+    )
+    shop.operator.start()
+    done = shop.phase("cut", "Completed")
+    assert done["runId"] == chosen
+    listed = shop.cli("runs", "list", "--workflow", "greet", "--json")
+    assert [r["run_id"] for r in json.loads(listed.stdout)] == [chosen]
+
+
 def test_bad_runs_fail_with_the_reason_and_record_nothing(shop: Shop) -> None:
     """Unknown workflow, input of the wrong shape, arguments the signature refuses: Failed."""
     shop.start("unknown", "refund", {"order_id": "x"})
