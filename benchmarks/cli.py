@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import shutil
 import sys
 import tempfile
@@ -73,6 +74,13 @@ def build_parser() -> Parser:
         help="run PostgreSQL with fsync and synchronous_commit off (default: durable settings)",
     )
     parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="where results go")
+    parser.add_argument(
+        "--from",
+        dest="from_json",
+        type=Path,
+        metavar="JSON",
+        help="run nothing: print the comparison of an earlier result file and redraw its chart",
+    )
     return parser
 
 
@@ -81,6 +89,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.repeats is not None and args.repeats < 1:
         parser.error(f"--repeats must be at least 1, not {args.repeats}")
+    if args.from_json is not None:
+        if not args.from_json.is_file():
+            parser.error(f"--from: no result file at {args.from_json}")
+        earlier = report.load_json(args.from_json)
+        png_path = args.from_json.with_suffix(".png")
+        _print_report(earlier)
+        print(report.chart(png_path, earlier) or f"chart: {png_path}")
+        return 0
     systems = args.systems or (("treadle",) if args.quick else plan.SYSTEMS)
     suite = plan.build(
         quick=args.quick,
@@ -95,7 +111,11 @@ def main(argv: list[str] | None = None) -> int:
     started_at = datetime.now(UTC)
     started = time.monotonic()
     mode = "quick" if args.quick else "full"
-    _say(f"treadle bench ({mode}): {len(suite.jobs)} child processes, {', '.join(systems)}")
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    _say(
+        f"treadle bench ({mode}): {len(suite.jobs)} child processes, {', '.join(systems)} "
+        f"(load average {load})"
+    )
     for cap in suite.caps:
         _say(f"  cap: {cap}")
     results: Results = {}
@@ -130,6 +150,13 @@ def main(argv: list[str] | None = None) -> int:
         settings=settings, caps=suite.caps,
     )  # fmt: skip
     no_chart = report.chart(png_path, results)
+    _print_report(results)
+    print(f"{elapsed:.0f} s; results: {json_path}; " + (no_chart or f"chart: {png_path}"))
+    failed = any(outcome.errors for outcome in results.values())
+    return 1 if failed else 0
+
+
+def _print_report(results: Results) -> None:
     print()
     print(report.table(results))
     print()
@@ -145,9 +172,6 @@ def main(argv: list[str] | None = None) -> int:
     for line in report.targets(results):
         print(f"- {line}")
     print()
-    print(f"{elapsed:.0f} s; results: {json_path}; " + (no_chart or f"chart: {png_path}"))
-    failed = any(outcome.errors for outcome in results.values())
-    return 1 if failed else 0
 
 
 def _say(text: str) -> None:

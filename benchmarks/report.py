@@ -17,6 +17,9 @@ from benchmarks.runner import Outcome, Results
 # treadle's World each peer is compared with: DBOS shares the Postgres, Vercel runs locally.
 COMPARED_WITH = {"dbos": "postgres", "vercel": "local"}
 COLUMNS = (("treadle", "local"), ("treadle", "postgres"), ("dbos", "postgres"), ("vercel", "local"))
+FANOUT_LINES = (("first", ":", "v"), ("last", "-", "o"), ("join", "--", "s"))
+# One colour per system and World in both panels of the chart.
+COLORS = dict(zip(COLUMNS, ("tab:green", "tab:blue", "tab:orange", "tab:red"), strict=True))
 METRIC_ORDER = (
     "ttfs", "stso_gap_ms", "ms_per_step@", "fanout", "runs_per_s@", "steps_per_s@",
     "recovery_ms",
@@ -160,6 +163,8 @@ def machine() -> dict[str, Any]:
         "platform": platform.platform(),
         "processor": _cpu_model(),
         "cpus": os.cpu_count(),
+        # Other work on the machine moves the figures: the 1, 5, 15-minute load at the end.
+        "load_average": [round(x, 2) for x in os.getloadavg()],
         "python": platform.python_version(),
         "versions": _versions(),
     }
@@ -173,6 +178,18 @@ def _cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or "unknown"
+
+
+def load_json(path: Path) -> Results:
+    """The results a ``write_json`` file holds (to print and draw them again)."""
+    document = json.loads(path.read_text())
+    results: Results = {}
+    for run in document["runs"]:
+        outcome = Outcome(notes=run["notes"], errors=run["errors"], seconds=run["seconds"])
+        outcome.unsupported = run["unsupported"]
+        outcome.metrics.update(run["samples"])
+        results[(run["system"], run["world"], run["scenario"])] = outcome
+    return results
 
 
 def write_json(
@@ -221,10 +238,11 @@ def chart(path: Path, results: Results) -> str | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.8))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5))
     drawn = False
     for (system, world, scenario), outcome in sorted(results.items()):
         name = f"{system} {world}"
+        color = COLORS.get((system, world))
         if scenario == "stso":
             points = sorted(
                 (int(k.split("@")[1]), stats.percentile(v, 0.5))
@@ -232,17 +250,17 @@ def chart(path: Path, results: Results) -> str | None:
                 if k.startswith("ms_per_step@")
             )
             if points:
-                left.plot(*zip(*points, strict=True), marker="o", label=name)
+                left.plot(*zip(*points, strict=True), marker="o", color=color, label=name)
                 drawn = True
         if scenario == "fanout":
-            for part, style in (("first", ":"), ("last", "-"), ("join", "--")):
+            for part, style, marker in FANOUT_LINES:
                 points = sorted(
                     (int(re.findall(r"\d+", k)[0]), stats.percentile(v, 0.5))
                     for k, v in outcome.metrics.items()
                     if k.endswith(f"_{part}_ms")
                 )
                 if points:
-                    right.plot(*zip(*points, strict=True), style, marker="o",
+                    right.plot(*zip(*points, strict=True), style, marker=marker, color=color,
                                label=f"{name} {part}")  # fmt: skip
                     drawn = True
     left.set(title="STSO: ms per sequential step (p50)", xlabel="steps", ylabel="ms / step")
