@@ -167,7 +167,20 @@ def machine() -> dict[str, Any]:
         "load_average": [round(x, 2) for x in os.getloadavg()],
         "python": platform.python_version(),
         "versions": _versions(),
+        # The engine measured is the working tree: its commit, "-dirty" with changes on top.
+        "treadle_commit": _commit(),
     }
+
+
+def _commit() -> str:
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    result = subprocess.run(
+        ["git", "describe", "--always", "--dirty", "--abbrev=12"],
+        cwd=root, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    return result.stdout.strip() or "unknown"
 
 
 def _cpu_model() -> str:
