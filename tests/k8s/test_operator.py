@@ -23,7 +23,7 @@ from ..nats.conftest import NatsServer, nats_server
 from ..postgres.conftest import Clones, pg_clones, pg_server
 from ..postgres.pgserver import Server as PgServer
 from .harness import Kube, wait_for
-from .operator_env import OperatorProcess, Shop, chart_identity
+from .operator_env import WORKFLOWS, OperatorProcess, Shop, chart_identity
 from .rest import ApiError
 
 __all__ = ["nats_server", "pg_clones", "pg_server"]
@@ -297,27 +297,27 @@ def test_finished_runs_expire_after_their_ttl(shop: Shop) -> None:
     wait_for(lambda: shop.run("brief") is None, 60, what="the finished run removed")
 
 
+def _start_from_code(shop: Shop, revision: str, name: str) -> str:
+    """`treadle start` on the revision's deployment id, as application code would; the run id."""
+    started = shop.cli(
+        "start", f"{WORKFLOWS}:greet", "--input", json.dumps({"name": name}), "--json",
+        revision=revision,
+    )  # fmt: skip
+    assert started.returncode == 0, started.stderr
+    return str(json.loads(started.stdout)["run_id"])
+
+
 def test_runs_started_from_code_are_mirrored_when_asked(shop: Shop) -> None:
     """mirrorRuns: a run started with the client shows up as a WorkflowRun; off by default."""
     revision = shop.latest()
-    started = shop.cli(
-        "start", f"{Path(__file__).with_name('k8s_workflows.py')}:greet",
-        "--input", '{"name": "code"}', "--json", revision=revision,
-    )  # fmt: skip
-    assert started.returncode == 0, started.stderr
-    unmirrored = json.loads(started.stdout)["run_id"]
+    unmirrored = _start_from_code(shop, revision, "code")
     wait_for(lambda: shop.world_run(unmirrored)["status"] == "completed", 60)
     assert shop.kube.rest.get(shop.path("workflowruns"))["items"] == []
 
     shop.kube.rest.patch(shop.path("workflowdeployments", "shop"), {"spec": {"mirrorRuns": True}})
     wait_for(lambda: shop.wfd()["metadata"]["generation"] == shop.wfd()["status"].get(
         "observedGeneration"), 30, what="the change seen")  # fmt: skip
-    started = shop.cli(
-        "start", f"{Path(__file__).with_name('k8s_workflows.py')}:greet",
-        "--input", '{"name": "mirror"}', "--json", revision=revision,
-    )  # fmt: skip
-    assert started.returncode == 0, started.stderr
-    run_id = json.loads(started.stdout)["run_id"]
+    run_id = _start_from_code(shop, revision, "mirror")
 
     def mirrored() -> dict[str, object] | None:
         items = shop.kube.rest.get(shop.path("workflowruns"))["items"]
@@ -358,12 +358,9 @@ def test_missing_secret_and_crash_looping_workers_become_conditions(
     shop.operator.start()
     shop.deploy("shop", "shop:1")
 
-    def condition(kind: str) -> dict[str, str] | None:
-        found = [c for c in (shop.wfd().get("status") or {}).get("conditions", [])
-                 if c["type"] == kind]  # fmt: skip
-        return found[0] if found else None
-
-    world = wait_for(lambda: condition("WorldReachable"), 30, what="a WorldReachable condition")
+    world = wait_for(
+        lambda: condition_of(shop, "shop", "WorldReachable"), 30, what="a WorldReachable condition"
+    )
     assert world["status"] == "False" and world["reason"] == "SecretMissing"
     assert "treadle-world does not exist" in world["message"]
     shop.secret()
