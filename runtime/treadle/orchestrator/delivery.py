@@ -15,27 +15,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from datetime import UTC, datetime
 from typing import Any
 
 from treadle import errors, serde
-from treadle.orchestrator import decisions, pinning, steps, timers
+from treadle.orchestrator import decisions, pinning, steps
 from treadle.orchestrator.runtime import Runtime
 from treadle.orchestrator.session import RunSession
+from treadle.orchestrator.waits import WaitArmer, ms, now_ms
 from treadle.orchestrator.writer import Superseded
 from treadle.replay import engine, operations
 from treadle.world import constants, events, messages
 
 log = logging.getLogger("treadle.orchestrator.delivery")
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
-
-
-def _ms(moment: datetime) -> int:
-    return int(moment.timestamp() * 1000)
 
 
 def _retrieve(done: asyncio.Future[Any]) -> None:
@@ -58,7 +50,7 @@ class OrchestratorDelivery:
         self.margin_ms = self.settings.WORKFLOW_INLINE_STEP_DEADLINE_MARGIN_MS
         self.session = RunSession(rt, self.run_id)
         self._inline: dict[asyncio.Task[None], str] = {}
-        self._timed: set[str] = set()
+        self.waits = WaitArmer(rt, self.session, message, meta)
         self._divergences = 0
         # Turbo (the start message's first delivery): run_started goes out without waiting;
         # every later write queues on the writer behind it.
@@ -147,7 +139,7 @@ class OrchestratorDelivery:
             else:
                 await self.session.write(events.RunStarted())
         self.session.subscribe()
-        await self._arm_owned_chains()
+        await self.waits.arm_owned_chains()
         return await self._passes()
 
     def _nothing_new(self) -> bool:
@@ -165,7 +157,7 @@ class OrchestratorDelivery:
             plain
             and self.rt.consumed.get(self.run_id) == self.session.tail
             and not state.waits_woken()
-            and not decisions.due_waits(state, now_ms=_now_ms(), woken=set())
+            and not decisions.due_waits(state, now_ms=now_ms(), woken=set())
         )
 
     async def _load(self) -> bool:
@@ -191,12 +183,12 @@ class OrchestratorDelivery:
 
     async def _passes(self) -> messages.HandlerResult:
         while True:
-            if _now_ms() >= self.deadline_ms:
+            if now_ms() >= self.deadline_ms:
                 await self._settle_inline()
-                await self._arm_owned_chains()
+                await self.waits.arm_owned_chains()
                 log.info("run %s: inline window over; handing off", self.run_id)
                 return messages.HANDOFF
-            await self._complete_due_waits()
+            await self.waits.complete_due_waits()
             outcome = self.replay.advance()
             match outcome:
                 case engine.Ended():
@@ -291,9 +283,9 @@ class OrchestratorDelivery:
         if self._should_linger():
             linger_ms = min(
                 self.settings.WORKFLOW_ORCHESTRATOR_LINGER_MS,
-                self.deadline_ms - self.margin_ms - _now_ms(),
+                self.deadline_ms - self.margin_ms - now_ms(),
             )
-            until = _now_ms() + linger_ms
+            until = now_ms() + linger_ms
             next_due = self._next_wait_due_ms()
             if next_due is not None and next_due <= until:
                 await self._wait_for_news(next_due)
@@ -301,7 +293,7 @@ class OrchestratorDelivery:
             if await self._wait_for_news(until):
                 return None
         if self.meta.delivery_count > 1:
-            await self._arm_near_due()
+            await self.waits.arm_near_due()
         return await self._finish()
 
     def _should_linger(self) -> bool:
@@ -310,7 +302,7 @@ class OrchestratorDelivery:
             self.session.feed_live
             and self.settings.WORKFLOW_ORCHESTRATOR_LINGER_MS > 0
             and (bool(state.open_hooks) or state.has_open_background_step())
-            and self.deadline_ms - self.margin_ms - _now_ms() > 0
+            and self.deadline_ms - self.margin_ms - now_ms() > 0
         )
 
     async def _wait_for_news(self, until_ms: int | None) -> bool:
@@ -330,7 +322,7 @@ class OrchestratorDelivery:
             if session.tail > tail or any(t.done() for t in self._inline):
                 self._reap_done()
                 return True
-            remaining = limit - _now_ms()
+            remaining = limit - now_ms()
             if remaining <= 0:
                 return False
             wait_ms = min(remaining, poll_ms) if poll_ms > 0 else remaining
@@ -363,7 +355,7 @@ class OrchestratorDelivery:
             raise first_error
 
     def _next_wait_due_ms(self) -> int | None:
-        due = [_ms(w.resume_at) for w in self.session.state.open_waits()]
+        due = [ms(w.resume_at) for w in self.session.state.open_waits()]
         return min(due) if due else None
 
     # -- creating what the workflow waits on -------------------------------------------
@@ -401,14 +393,14 @@ class OrchestratorDelivery:
                 )
             )
         if waits:
-            await self._arm_new_waits(waits)  # before wait_created commits
+            await self.waits.arm_new_waits(waits)  # before wait_created commits
         for chunk in decisions.creation_batches(batch):
             await self._write_creations(chunk)
         for call in inline:
             self._start_inline(call.correlation_id, call.step_name, call.input, 1, call.max_retries)
 
     def _inline_slots(self) -> int:
-        if _now_ms() >= self.deadline_ms - self.margin_ms:
+        if now_ms() >= self.deadline_ms - self.margin_ms:
             return 0
         return max(self.settings.WORKFLOW_MAX_INLINE_STEPS - len(self._inline), 0)
 
@@ -513,90 +505,6 @@ class OrchestratorDelivery:
                 self._start_inline(step.step_id, step.step_name, step.input, attempt, max_retries)
                 progressed = True
         return progressed or bool(self._inline)
-
-    # -- timers and waits ---------------------------------------------------------------
-
-    def _timer(
-        self, wait_id: str, resume_at: datetime, *, suffix: str | None = None, near: bool = False
-    ) -> messages.Send:
-        state = self.session.state
-        return timers.timer_send(
-            run_id=self.run_id,
-            deployment_id=state.deployment_id,
-            spec_version=state.spec_version,
-            correlation_id=wait_id,
-            resume_at_ms=_ms(resume_at),
-            now_ms=_now_ms(),
-            max_hop_ms=int(self.settings.WORKFLOW_WAIT_CONTINUATION_MAX_DELAY_SECONDS * 1000),
-            key_suffix=suffix,
-            near_due=near,
-        )
-
-    async def _arm(self, wait_id: str, resume_at: datetime) -> None:
-        """Send a wait's timer once per delivery (a due wait needs none: the pass completes it)."""
-        if wait_id in self._timed or _ms(resume_at) <= _now_ms():
-            return
-        # A last hop sent by a delivery that is not its message's first gets a per-second key.
-        await self.session.send(
-            [self._timer(wait_id, resume_at, near=self.meta.delivery_count > 1)]
-        )
-        self._timed.add(wait_id)
-
-    async def _arm_new_waits(self, waits: list[operations.Sleep]) -> None:
-        """The timer of this message's chain's earliest wait, new ones included."""
-        chain = [(w.resume_at, w.wait_id) for w in self.session.state.chain(self.meta.message_id)]
-        chain += [(w.resume_at, w.correlation_id) for w in waits]
-        resume_at, wait_id = min(chain)
-        await self._arm(wait_id, resume_at)
-
-    async def _arm_owned_chains(self) -> None:
-        """Arm the chains this delivery owns: its message's, its timer's, all on recovery."""
-        state = self.session.state
-        owners: set[str | None] = {self.meta.message_id}
-        if self.message.recovery:
-            owners |= {w.creator_message_id for w in state.open_waits()}
-        cont = self.message.wait_continuation
-        if cont is not None and cont.correlation_id in state.waits:
-            owners.add(state.waits[cont.correlation_id].creator_message_id)
-        for owner in owners:
-            chain = state.chain(owner)
-            if chain:
-                await self._arm(chain[0].wait_id, chain[0].resume_at)
-        if cont is None or cont.resume_at_ms is not None:
-            return
-        wait = state.waits.get(cont.correlation_id)
-        if wait is not None and not wait.completed and _ms(wait.resume_at) > _now_ms():
-            # A final timer that came before its wait was due re-arms it under its own key.
-            send = self._timer(wait.wait_id, wait.resume_at, suffix=f"a{self.meta.attempt + 1}")
-            await self.session.send([send])
-            self._timed.add(wait.wait_id)
-
-    async def _complete_due_waits(self) -> None:
-        """At the top of a pass: ``wait_completed`` for each due or woken wait, in-band."""
-        state = self.session.state
-        woken = state.waits_woken() | set(self.message.complete_waits or ())
-        due = decisions.due_waits(state, now_ms=_now_ms(), woken=woken)
-        if not due:
-            return
-        finishing = {w.wait_id for w in due}
-        for owner in {w.creator_message_id for w in due}:
-            rest = [w for w in state.chain(owner) if w.wait_id not in finishing]
-            if rest:
-                await self._arm(rest[0].wait_id, rest[0].resume_at)  # before the completion
-        for wait in due:
-            await self.session.write(events.WaitCompleted(correlation_id=wait.wait_id))
-
-    async def _arm_near_due(self) -> None:
-        """A delivery that may hold a coalesced timer re-arms every wait due very soon."""
-        window_ms = max(5.0, self.settings.WORKFLOW_NEAR_ELAPSED_WAIT_THRESHOLD_SECONDS) * 1000
-        sends = []
-        for wait in decisions.near_due_waits(
-            self.session.state, now_ms=_now_ms(), window_ms=window_ms
-        ):
-            send = self._timer(wait.wait_id, wait.resume_at, near=True)
-            if send.key is not None and self.rt.near_due_sent.first_time(send.key):
-                sends.append(send)
-        await self.session.send(sends)
 
     async def _resend_steps(self) -> None:
         """The re-send rule, once per invocation: steps whose first send may be lost."""
