@@ -118,6 +118,8 @@ def test_a_deployment_starts_its_workers_and_a_run_completes_with_status_synced(
     assert json.loads(status["output"]) == {"hello": "k8s", "image": "shop:1"}
     assert status["steps"] == {"total": 1, "completed": 1, "failed": 0, "running": 0}
     assert status["stepsSummary"] == "1/1"
+    started = {c["type"]: c for c in status["conditions"]}["Started"]
+    assert (started["status"], started["reason"]) == ("True", "RunRecorded")
     assert status["startedAt"] and status["completedAt"]
     assert shop.world_run(status["runId"])["status"] == "completed"
     reasons = wait_for(lambda: {"Started", "Completed"} <= set(shop.events("hello")) or None)
@@ -248,6 +250,8 @@ def test_bad_runs_fail_with_the_reason_and_record_nothing(shop: Shop) -> None:
     shop.start("args", "greet", {"nom": "typo"})
     unknown = shop.phase("unknown", "Failed")
     assert unknown["reason"] == "UnknownWorkflow"
+    started = {c["type"]: c for c in unknown["conditions"]}["Started"]
+    assert (started["status"], started["reason"]) == ("False", "UnknownWorkflow")
     served = "serves no workflow 'refund' (it serves: approval, greet, naps)"
     assert served in unknown["error"]["message"]
     shape = shop.phase("shape", "Failed")
