@@ -11,14 +11,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any, ParamSpec, TypeVar, overload
 
 from pydantic import BaseModel, JsonValue
 
-from treadle import errors, serde, settings
+from treadle import clock, errors, serde, settings
 from treadle.orchestrator.runtime import Runtime
 from treadle.orchestrator.worker import Role, Worker
 from treadle.sdk import functions
@@ -69,13 +68,13 @@ class Run:
                 news.set()
 
         sub = world.events.subscribe(self.run_id, 0, on_event, lambda exc: news.set())
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = None if timeout is None else clock.monotonic() + timeout
         try:
             while True:
                 run = await world.runs.get(self.run_id)
                 if run.is_terminal:
                     return _outcome(run)
-                remaining = None if deadline is None else deadline - time.monotonic()
+                remaining = None if deadline is None else deadline - clock.monotonic()
                 if remaining is not None and remaining <= 0:
                     raise TimeoutError(f"run {self.run_id} is still {run.status} after {timeout} s")
                 news.clear()

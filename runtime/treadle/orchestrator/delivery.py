@@ -15,10 +15,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from datetime import UTC, datetime
 from typing import Any
 
-from treadle import errors, serde
+from treadle import clock, errors, serde
 from treadle.orchestrator import decisions, pinning, steps
 from treadle.orchestrator.runtime import Runtime
 from treadle.orchestrator.session import RunSession
@@ -448,7 +447,7 @@ class OrchestratorDelivery:
             input=step_input,
             attempt=attempt,
             max_retries=max_retries,
-            started_at=datetime.now(UTC),
+            started_at=clock.utcnow(),
         )
         event = steps.outcome_event(step_id, step_name, attempt, outcome)
         if outcome.kind != "retry":
@@ -512,7 +511,7 @@ class OrchestratorDelivery:
         if not self.rt.resent_invocations.first_time(f"{invocation}"):
             return  # an earlier re-run of this invocation re-sent them
         resends = decisions.steps_to_resend(
-            self.session.state, now=datetime.now(UTC), recovery=self.message.recovery
+            self.session.state, now=clock.utcnow(), recovery=self.message.recovery
         )
         sends = [
             self.session.step_send(

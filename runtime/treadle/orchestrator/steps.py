@@ -15,12 +15,12 @@ import contextlib
 import logging
 import traceback
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from pydantic import JsonValue
 
-from treadle import errors, serde
+from treadle import clock, errors, serde
 from treadle.orchestrator.runtime import Runtime
 from treadle.sdk import context, functions
 from treadle.world import constants, events, messages
@@ -112,7 +112,7 @@ def outcome_event(step_id: str, step_name: str, attempt: int, outcome: Outcome) 
             step_name=step_name,
             attempt=attempt,
             error=outcome.error,
-            retry_after=datetime.now(UTC) + timedelta(seconds=outcome.retry_after_seconds),
+            retry_after=clock.utcnow() + timedelta(seconds=outcome.retry_after_seconds),
         )
     return events.StepFailed(
         correlation_id=step_id, step_name=step_name, attempt=attempt, error=outcome.error
@@ -189,7 +189,7 @@ async def handle_step_message(
         if state.outcome:
             await _wake(rt, message)  # its completion wake may have been lost
             return messages.ACK
-        now = datetime.now(UTC)
+        now = clock.utcnow()
         if state.last_type == "step_retrying" and state.retry_after and state.retry_after > now:
             return messages.Redeliver((state.retry_after - now).total_seconds())
         attempt = state.starts + 1
@@ -229,7 +229,7 @@ async def handle_step_message(
             )
             await _wake(rt, message)
             return messages.ACK
-    started_at = datetime.now(UTC)
+    started_at = clock.utcnow()
     start = events.StepStarted(
         correlation_id=message.step_id, step_name=message.step_name, attempt=attempt
     )

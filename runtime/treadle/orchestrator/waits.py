@@ -10,9 +10,9 @@ coalesced timer, re-arms every wait due very soon. The key and hop rules are
 
 from __future__ import annotations
 
-import time
 from datetime import datetime
 
+from treadle import clock
 from treadle.orchestrator import decisions, timers
 from treadle.orchestrator.runtime import Runtime
 from treadle.orchestrator.session import RunSession
@@ -21,7 +21,7 @@ from treadle.world import events, messages
 
 
 def now_ms() -> int:
-    return int(time.time() * 1000)
+    return clock.now_ms()
 
 
 def ms(moment: datetime) -> int:

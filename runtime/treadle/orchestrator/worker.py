@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import gc
 import logging
-import time
 from typing import Literal
 
-from treadle import errors
+from treadle import clock, errors
 from treadle.orchestrator import pinning, steps, timers
 from treadle.orchestrator.delivery import OrchestratorDelivery
 from treadle.orchestrator.runtime import Runtime
@@ -99,7 +98,7 @@ class Worker:
             spec_version=run.spec_version,
             correlation_id=cont.correlation_id,
             resume_at_ms=cont.resume_at_ms,
-            now_ms=int(time.time() * 1000),
+            now_ms=clock.now_ms(),
             max_hop_ms=int(self.rt.settings.WORKFLOW_WAIT_CONTINUATION_MAX_DELAY_SECONDS * 1000),
         )
         await self.rt.world.queue.send_batch([send])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from datetime import datetime
 
+from treadle import clock
 from treadle.sdk import context
 from treadle.sdk.durations import Duration, to_seconds
 
@@ -25,7 +26,7 @@ async def sleep(duration: Duration | None = None, *, until: datetime | None = No
         seconds = (
             max(until.timestamp() - loop.time(), 0.0)
             if replay
-            else max(until.timestamp() - datetime.now(until.tzinfo).timestamp(), 0.0)
+            else max(until.timestamp() - clock.now(), 0.0)
         )
     else:
         assert duration is not None
@@ -42,7 +43,5 @@ def now() -> datetime:
     """
     replay = context.current_replay()
     if replay is None:
-        from datetime import UTC
-
-        return datetime.now(UTC)
+        return clock.utcnow()
     return replay.now()

@@ -7,10 +7,10 @@ time back).
 
 from __future__ import annotations
 
-import os
 import re
-import time
 from datetime import UTC, datetime
+
+from treadle import clock
 
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 _DECODE = {c: i for i, c in enumerate(_CROCKFORD)}
@@ -21,10 +21,10 @@ RUN_ID_PATTERN = re.compile(r"^wrun_[0-9A-HJKMNP-TV-Z]{26}$")
 
 def new_ulid(at_ms: int | None = None) -> str:
     """A ULID: 48 bits of epoch milliseconds, 80 random bits, Crockford base32."""
-    ms = int(time.time() * 1000) if at_ms is None else at_ms
+    ms = clock.now_ms() if at_ms is None else at_ms
     if not 0 <= ms < 1 << 48:
         raise ValueError(f"ULID time {ms} ms is out of range")
-    value = (ms << 80) | int.from_bytes(os.urandom(10), "big")
+    value = (ms << 80) | int.from_bytes(clock.random_bytes(10), "big")
     chars = []
     for _ in range(26):
         chars.append(_CROCKFORD[value & 31])
