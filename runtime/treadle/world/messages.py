@@ -15,8 +15,9 @@ once, not counted); raising redelivers with backoff.
 
 from __future__ import annotations
 
+import asyncio
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Annotated, Literal, TypeAlias
 
@@ -148,6 +149,12 @@ class DeliveryMeta:
     invocation_started_at: int
     key: str | None = None
     rerun: int = 0
+    # Set by the queue once it knows this delivery's lease lapsed (its message may be
+    # with another delivery now): the handler must stop at once, writing nothing more.
+    lease_lost: asyncio.Event | None = field(default=None, compare=False)
+
+    def lost_lease(self) -> bool:
+        return self.lease_lost is not None and self.lease_lost.is_set()
 
 
 @dataclass(frozen=True, slots=True)
