@@ -58,7 +58,7 @@ class MemoryConsumer:
         self.name = name
         self._wake = asyncio.Event()
         self._running: dict[asyncio.Task[None], Leased] = {}
-        self._heartbeats: set[asyncio.Task[None]] = set()
+        self._heartbeats: dict[asyncio.Task[None], None] = {}  # ordered, unlike a set
         self.closing = False
         self.killed = False
         self._loop_task: asyncio.Task[None] | None = None
@@ -82,8 +82,9 @@ class MemoryConsumer:
         running = list(self._running)
         if running:
             _, pending = await asyncio.wait(running, timeout=max(grace_seconds, 0))
-            for task in pending:
-                task.cancel()
+            for task in running:  # in start order: a set's order is not reproducible
+                if task in pending:
+                    task.cancel()
             if pending:
                 await asyncio.wait(pending)
 
@@ -141,7 +142,7 @@ class MemoryConsumer:
         message = messages.MESSAGE_ADAPTER.validate_json(leased.payload)
         handler = self._handlers[message.kind]
         heartbeat = asyncio.get_running_loop().create_task(self._heartbeat(leased))
-        self._heartbeats.add(heartbeat)
+        self._heartbeats[heartbeat] = None
         started_ms = clock.now_ms()
         attempt = max(1, leased.delivery_count - leased.handoffs)
         rerun = covered = 0
@@ -180,7 +181,7 @@ class MemoryConsumer:
             raise
         finally:
             heartbeat.cancel()
-            self._heartbeats.discard(heartbeat)
+            self._heartbeats.pop(heartbeat, None)
 
     async def _settle(self, leased: Leased, outcome: queuerules.Outcome, covered: int) -> Settled:
         answer = await self._points.before("queue.settle", leased.run_id)

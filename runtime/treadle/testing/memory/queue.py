@@ -125,18 +125,19 @@ class MessageQueue:
         self.dead_letters: list[DeadLetter] = []
         self._back = 0
         self._front = 0
-        self._listeners: set[asyncio.Event] = set()
+        # A dict, not a set: wakes go out in a fixed order (the simulation replays it).
+        self._listeners: dict[asyncio.Event, None] = {}
 
     # -- wakes ---------------------------------------------------------------------------
 
     def listen(self, event: asyncio.Event) -> None:
-        self._listeners.add(event)
+        self._listeners[event] = None
 
     def unlisten(self, event: asyncio.Event) -> None:
-        self._listeners.discard(event)
+        self._listeners.pop(event, None)
 
     def wake(self) -> None:
-        for event in self._listeners:
+        for event in list(self._listeners):
             event.set()
 
     # -- sends ---------------------------------------------------------------------------
