@@ -8,6 +8,16 @@ its ``wait_created`` commits), runs inline steps, and consumes each outcome
 only after its write committed. It answers ``Ack`` when the run ended or
 waits on nothing this delivery can drive; ``Redeliver(1)`` after a fence
 refusal (never ``Ack``); ``Handoff`` at the end of its inline window.
+
+Inline bodies start as soon as their creating batch commits, before the
+batch's sends and before any later batch (seed 003 "How the creations are
+split"); their outcomes queue on the writer only after the last creation
+batch. No error cancels a running body: after a fence refusal, a lost lease
+or any other failure, no pass decides any more, the bodies settle, and only
+then does the delivery answer or fail (seed 003 "A later batch fails", FO4).
+A delivery the queue says lost its lease (``DeliveryMeta.lease_lost``) stops
+at once: it wakes from any wait, writes nothing (the writer refuses) and
+starts no body.
 """
 
 from __future__ import annotations
@@ -22,7 +32,7 @@ from treadle.orchestrator import decisions, pinning, steps
 from treadle.orchestrator.runtime import Runtime
 from treadle.orchestrator.session import RunSession
 from treadle.orchestrator.waits import WaitArmer, ms, now_ms
-from treadle.orchestrator.writer import Superseded
+from treadle.orchestrator.writer import LeaseLost, Superseded
 from treadle.replay import engine, operations
 from treadle.world import constants, events, messages
 
@@ -47,8 +57,12 @@ class OrchestratorDelivery:
         self.run_id = message.run_id
         self.deadline_ms = meta.invocation_started_at + self.settings.WORKFLOW_V2_TIMEOUT_MS
         self.margin_ms = self.settings.WORKFLOW_INLINE_STEP_DEADLINE_MARGIN_MS
-        self.session = RunSession(rt, self.run_id)
+        self.session = RunSession(rt, self.run_id, meta.lease_lost)
         self._inline: dict[asyncio.Task[None], str] = {}
+        # Clear while a suspension's creation batches are written: an inline body's outcome
+        # queues on the writer only after the last of them.
+        self._creations_written = asyncio.Event()
+        self._creations_written.set()
         self.waits = WaitArmer(rt, self.session, message, meta)
         self._divergences = 0
         # Turbo (the start message's first delivery): run_started goes out without waiting;
@@ -64,11 +78,22 @@ class OrchestratorDelivery:
     # -- entry -------------------------------------------------------------------
 
     async def run(self) -> messages.HandlerResult:
+        watch = None
+        if self.meta.lease_lost is not None:
+            watch = asyncio.get_running_loop().create_task(self._wake_on_lost_lease())
         try:
             return await self._run()
         except errors.RunExpired:
             await self._settle_inline(quiet=True)
             return messages.ACK  # the run ended under us (a cancel, say)
+        except LeaseLost:
+            await self._settle_inline(quiet=True)
+            log.warning(
+                "run %s: delivery of %s lost its lease; stopped without writing",
+                self.run_id,
+                self.meta.message_id,
+            )
+            return messages.Redeliver(constants.FENCE_REFUSAL_REDELIVERY_SECONDS)  # dropped
         except Superseded:
             await self._settle_inline(quiet=True)
             await self.session.send_owed()
@@ -78,12 +103,30 @@ class OrchestratorDelivery:
                 self.meta.message_id,
             )
             return messages.Redeliver(constants.FENCE_REFUSAL_REDELIVERY_SECONDS)
+        except Exception:
+            # Any other failure (a send, a read, a body's own write): no pass decides any
+            # more, and the delivery fails only once its running bodies settled, so none
+            # is cut off mid side effect (seed 003 "A later batch fails", FO4; bug 2).
+            await self._settle_inline(quiet=True)
+            raise
         finally:
+            if watch is not None:
+                watch.cancel()
             for task in self._inline:
-                task.cancel()
+                task.cancel()  # only a cancelled delivery (its process stopping) gets here
             if self._run_started is not None:
                 await asyncio.wait([self._run_started])  # never cut a write short
             self.session.close()
+
+    async def _wake_on_lost_lease(self) -> None:
+        """Wake whatever the delivery waits on once the queue says its lease lapsed."""
+        assert self.meta.lease_lost is not None
+        await self.meta.lease_lost.wait()
+        self.session.news.set()
+
+    def _check_lease(self) -> None:
+        if self.meta.lost_lease():
+            raise LeaseLost(f"run {self.run_id}: the delivery lost its lease")
 
     async def _run(self) -> messages.HandlerResult:
         if not await self._load():
@@ -182,6 +225,7 @@ class OrchestratorDelivery:
 
     async def _passes(self) -> messages.HandlerResult:
         while True:
+            self._check_lease()
             if now_ms() >= self.deadline_ms:
                 await self._settle_inline()
                 await self.waits.arm_owned_chains()
@@ -272,8 +316,12 @@ class OrchestratorDelivery:
             return None
         running = set(self._inline.values())
         reruns = decisions.inline_to_rerun(self.session.state, running)
+        if reruns and not await self._rerun_inline(reruns):
+            # No free inline slot: wait for a running body to settle (never spin; bug 4).
+            await self._wait_for_news(self._next_wait_due_ms())
+            return None
         if reruns:
-            return None if await self._rerun_inline(reruns) else messages.HANDOFF
+            return None
         if self._inline or self.session.has_pending:
             await self._wait_for_news(self._next_wait_due_ms())
             return None
@@ -316,6 +364,7 @@ class OrchestratorDelivery:
         limit = self.deadline_ms if until_ms is None else min(self.deadline_ms, until_ms)
         while True:
             session.news.clear()
+            self._check_lease()
             if session.has_pending:
                 await session.read_tail()
             if session.tail > tail or any(t.done() for t in self._inline):
@@ -393,21 +442,35 @@ class OrchestratorDelivery:
             )
         if waits:
             await self.waits.arm_new_waits(waits)  # before wait_created commits
-        for chunk in decisions.creation_batches(batch):
-            await self._write_creations(chunk)
-        for call in inline:
-            self._start_inline(call.correlation_id, call.step_name, call.input, 1, call.max_retries)
+        starts = {call.correlation_id: call for call in inline}
+        self._creations_written.clear()
+        try:
+            for chunk in decisions.creation_batches(batch):
+                await self._write_creations(chunk, starts)
+        finally:
+            self._creations_written.set()
 
     def _inline_slots(self) -> int:
         if now_ms() >= self.deadline_ms - self.margin_ms:
             return 0
         return max(self.settings.WORKFLOW_MAX_INLINE_STEPS - len(self._inline), 0)
 
-    async def _write_creations(self, batch: list[events.Event]) -> None:
+    async def _write_creations(
+        self, batch: list[events.Event], starts: dict[str, operations.StepCall]
+    ) -> None:
+        """Write one creation batch; start its inline bodies at once, then send its steps.
+
+        The bodies start before the sends and before any later batch, so neither a failed
+        send nor a later batch's refusal leaves a committed inline start unrun (bug 3).
+        """
         committed, refused = await self.session.write_batch(batch)
         sends = []
         for logged in committed:
             event = logged.event
+            call = starts.get(event.correlation_id or "")
+            if isinstance(event, events.StepStarted) and event.inline and call is not None:
+                self._start_inline(call.correlation_id, call.step_name, call.input, 1,
+                                   call.max_retries)  # fmt: skip
             if isinstance(event, events.StepCreated) and not event.inline:
                 send = self.session.step_send(
                     event.correlation_id,
@@ -428,6 +491,7 @@ class OrchestratorDelivery:
     def _start_inline(
         self, step_id: str, step_name: str, step_input: Any, attempt: int, max_retries: int
     ) -> None:
+        self._check_lease()  # a delivery that lost its lease starts no body
         task = asyncio.get_running_loop().create_task(
             self._run_inline(step_id, step_name, step_input, attempt, max_retries),
             name=f"treadle-inline-{step_id}",
@@ -450,6 +514,7 @@ class OrchestratorDelivery:
             started_at=clock.utcnow(),
         )
         event = steps.outcome_event(step_id, step_name, attempt, outcome)
+        await self._creations_written.wait()  # outcomes queue behind the creation batches
         if outcome.kind != "retry":
             with contextlib.suppress(errors.StepAlreadyEnded):
                 await self.session.write(event)
@@ -470,7 +535,14 @@ class OrchestratorDelivery:
         await self.session.send([send])
 
     async def _rerun_inline(self, reruns: list[Any]) -> bool:
-        """Run again, or fail past its retries, what a dead delivery left; False if no slot."""
+        """Run again, or fail past its retries, what a dead delivery left.
+
+        A step with no free inline slot waits for one while a body runs here (False: the
+        caller waits for a body to settle). With no body running here no slot frees up in
+        this delivery (``WORKFLOW_MAX_INLINE_STEPS=0``, or inside the deadline margin), so
+        the step's retry moves to its own message, as a retryable inline failure's does,
+        and it is never run inline again (bug 4: never a hot handoff loop).
+        """
         progressed = False
         for step in reruns:
             attempt = step.starts + 1
@@ -503,7 +575,36 @@ class OrchestratorDelivery:
                 )
                 self._start_inline(step.step_id, step.step_name, step.input, attempt, max_retries)
                 progressed = True
-        return progressed or bool(self._inline)
+            elif not self._inline:
+                await self._move_to_message(step, attempt, max_retries)
+                progressed = True
+        return progressed
+
+    async def _move_to_message(self, step: Any, attempt: int, max_retries: int) -> None:
+        """Hand a dead delivery's open inline step to its own message, for ``attempt``."""
+        logged = await self.session.write(
+            events.StepRetrying(
+                correlation_id=step.step_id,
+                step_name=step.step_name,
+                attempt=step.starts,
+                error=events.ErrorInfo(
+                    message=f"step {step.step_name} was started {step.starts} time(s) by a "
+                    "delivery that died, and no inline slot is free; it moves to its message",
+                    type="StepAttemptLost",
+                ),
+                creator_message_id=self.meta.message_id,
+            )
+        )
+        send = self.session.step_send(
+            step.step_id,
+            step.step_name,
+            step.input,
+            created_at=logged.created_at,
+            max_retries=max_retries,
+            attempt=attempt,
+        )
+        self.session.owe(send)
+        await self.session.send([send])
 
     async def _resend_steps(self) -> None:
         """The re-send rule, once per invocation: steps whose first send may be lost."""
