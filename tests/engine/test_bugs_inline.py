@@ -10,17 +10,24 @@ itself, no body cut off by an error, no ``max_retries=0`` step failed unrun.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 
 import pytest
 
-from treadle import RetryableError, sleep, step_metadata
-from treadle.world import events, messages
+from treadle import Hook, RetryableError, sleep, step_metadata
+from treadle.world import contract, events, messages
+from treadle.worlds.local import LocalWorld
 
-from .conftest import MakeApp
+from .conftest import MakeApp, OpenWorld
 from .faults import FaultyWorld
+
+SHORT_LEASE = contract.QueueTuning(
+    lease_seconds=1.0, backoff_base_seconds=0.05, backoff_max_seconds=0.2
+)
 
 
 def _outcomes(log: list[events.LoggedEvent]) -> Counter[str]:
@@ -244,10 +251,9 @@ async def test_inline_bodies_of_the_first_batch_run_when_a_later_batch_is_refuse
 
     faulty.events.refuse_in_band(1, when=lambda e: e.type == "step_created")
     run = await app.start(flow)
-    try:
+    with contextlib.suppress(Exception):
+        # A step whose refused outcome is lost fails the run (its body ran).
         await run.result(timeout=60)
-    except Exception:
-        pass  # a step whose refused outcome is lost fails the run; it must have run
     log = await run.events()
     assert isinstance(faulty.queue.orchestrator_answers()[0].result, messages.Redeliver)
     assert set(ran.values()) == {1}, "no body ran twice"
@@ -317,3 +323,84 @@ async def test_an_inline_rerun_waits_for_a_free_slot_without_holding_the_loop(
     assert loop_watch.longest < 1.0, f"the event loop was held {loop_watch.longest:.2f} s"
     log = await run.events()
     assert _outcomes(log) == Counter({"a": 1, "x": 1})
+
+
+@pytest.fixture
+async def short_lease(
+    request: pytest.FixtureRequest, tmp_path: Path, open_world: OpenWorld
+) -> FaultyWorld:
+    """The World under test (as ``open_world`` names it) with a 1 s lease."""
+    if request.node.callspec.params["open_world"] == "local":
+        return FaultyWorld(await LocalWorld(tmp_path / "short", tuning=SHORT_LEASE).open())
+    from ..production.conftest import ProductionHarness
+
+    harness = ProductionHarness(
+        request.getfixturevalue("pg_dsn"), request.getfixturevalue("nats_server").url, "local"
+    )
+    return FaultyWorld(await harness.open(SHORT_LEASE))
+
+
+class Ping(Hook):
+    n: int
+
+
+async def _until(check: Callable[[], Awaitable[bool]], timeout: float, what: str) -> float:
+    """Poll ``check`` (a log or answer read) until it holds; the time it took."""
+    started = time.monotonic()
+    while not await check():
+        assert time.monotonic() - started < timeout, f"{what} within {timeout} s"
+        await asyncio.sleep(0.02)
+    return time.monotonic() - started
+
+
+async def test_a_delivery_that_lost_its_lease_stops_lingering_and_writes_nothing(
+    make_app: MakeApp, short_lease: FaultyWorld
+) -> None:
+    """F3 (audit section 6): D1 ran pre inline and lingers on an open hook. The process
+    stalls past the lease, so the queue sets D1's lease_lost and the message goes to D2.
+    D1 stops at once (it answers long before its 20 s linger ends, never Ack); when the
+    hook is resumed only the live delivery acts: after (max_retries=0) runs once and is
+    not failed as exhausted."""
+    world = short_lease
+    app = make_app(world=world, WORKFLOW_ORCHESTRATOR_LINGER_MS=20_000)
+    ran: Counter[str] = Counter()
+
+    @app.step
+    async def pre() -> str:
+        ran["pre"] += 1
+        return "pre"
+
+    @app.step(max_retries=0)
+    async def after(n: int) -> int:
+        ran["after"] += 1
+        await asyncio.sleep(0.2)
+        return n
+
+    @app.workflow
+    async def flow() -> int:
+        await pre()
+        ping = await Ping.wait(token="f3-lease")
+        return await after(ping.n)
+
+    run = await app.start(flow)
+
+    async def hook_open() -> bool:
+        return any(e.type == "hook_created" for e in await run.events())
+
+    await _until(hook_open, 15, "the hook was created")
+    time.sleep(SHORT_LEASE.lease_seconds * 1.6)  # the fault: the process stalls past its lease
+
+    async def stale_answered() -> bool:
+        return any(a.meta.lost_lease() for a in world.queue.orchestrator_answers())
+
+    took = await _until(stale_answered, 10, "the stale delivery answered")
+    assert took < 5, f"the stale delivery lingered {took:.1f} s after it lost its lease"
+    stale = [a for a in world.queue.orchestrator_answers() if a.meta.lost_lease()]
+    assert all(a.error is None and not isinstance(a.result, messages.Ack) for a in stale)
+
+    await app.resume_hook("f3-lease", {"n": 7})
+    assert await run.result(timeout=30) == 7
+    assert ran == Counter({"pre": 1, "after": 1})
+    log = await run.events()
+    assert _exhausted(log) == []
+    assert _outcomes(log) == Counter({"pre": 1, "after": 1})
