@@ -15,6 +15,7 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -404,3 +405,59 @@ async def test_a_delivery_that_lost_its_lease_stops_lingering_and_writes_nothing
     log = await run.events()
     assert _exhausted(log) == []
     assert _outcomes(log) == Counter({"pre": 1, "after": 1})
+
+
+async def test_an_open_inline_step_with_no_slot_anywhere_moves_to_its_message(
+    make_app: MakeApp, faulty: FaultyWorld, loop_watch: LoopWatch
+) -> None:
+    """Bug 4 (audit section 5), the handoff loop: a worker with WORKFLOW_MAX_INLINE_STEPS=0
+    takes over a run whose inline step a refused delivery left started. No body runs there
+    and no slot can free up, so instead of handing off for ever (2 527 handoffs in 3 s
+    before the fix) its retry moves to the step's own message, which runs it once."""
+    first = make_app(world=faulty, WORKFLOW_MAX_INLINE_STEPS=1)
+    attempts: list[tuple[int, str]] = []
+    refused = asyncio.Event()
+
+    def define(app: Any) -> Any:
+        @app.step(max_retries=2)
+        async def a() -> str:
+            attempts.append((step_metadata().attempt, "run"))
+            return "a"
+
+        @app.workflow
+        async def flow() -> str:
+            return await a()
+
+        return flow
+
+    flow = define(first)
+
+    def refuse_a(event: events.Event) -> bool:
+        if event.type == "step_completed":
+            refused.set()
+            return True
+        return False
+
+    faulty.events.refuse_in_band(1, when=refuse_a)
+    run = await first.start(flow)
+    await asyncio.wait_for(refused.wait(), 15)
+
+    async def first_answered() -> bool:
+        return bool(faulty.queue.orchestrator_answers())
+
+    await _until(first_answered, 15, "the refused delivery answered")
+    await first.close(grace_seconds=2)  # its worker stops; the redelivery goes to `second`
+    second = make_app(world=faulty, WORKFLOW_MAX_INLINE_STEPS=0)
+    define(second)
+    run = second.get_run(run.run_id)  # read through second: first stays closed
+    assert await run.result(timeout=30) == "a"
+    assert attempts == [(1, "run"), (2, "run")]
+    handoffs = [
+        a for a in faulty.queue.orchestrator_answers() if isinstance(a.result, messages.Handoff)
+    ]
+    assert handoffs == []
+    log = await run.events()
+    assert _outcomes(log) == Counter({"a": 1})
+    moved = [e.event for e in log if isinstance(e.event, events.StepRetrying)]
+    assert [m.creator_message_id is not None for m in moved] == [True]
+    assert loop_watch.longest < 1.0
