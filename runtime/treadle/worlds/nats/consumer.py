@@ -259,6 +259,12 @@ class NatsConsumer:
         await self._ack(d)
 
     async def _ack(self, d: Delivery) -> None:
+        if not self._alive(d):
+            # Lapsed while it settled (an await since the last check): the message may be
+            # another delivery's copy now, which this ack would settle, and remembering its
+            # sequence as acked would drop that copy's redelivery (audit bug 11).
+            log.warning("message %s: lost its lease before the ack; not acked", d.message_id)
+            return
         now = time.monotonic()
         self._acked[d.sequence] = now
         while self._acked:
@@ -266,13 +272,8 @@ class NatsConsumer:
             if at > now - self._acked_horizon and len(self._acked) <= _MAX_ACKED_REMEMBERED:
                 break
             del self._acked[sequence]
-        if not self._alive(d):
-            # Lapsed while it settled (an await since the last check): the message may be
-            # another delivery's copy now, which this ack would settle (audit bug 11).
-            log.warning("message %s: lost its lease before the ack; not acked", d.message_id)
-            return
         try:
-            # No await between the check above and this ack.
+            # No await between the lease check above and this ack.
             await d.msg.ack_sync(timeout=ACK_TIMEOUT_SECONDS)
         except Exception as exc:
             log.warning(
