@@ -7,7 +7,7 @@ harness (``conftest.NatsHarness``) gives each test its own stream.
 
 from __future__ import annotations
 
-from treadle.world.conformance import queue, queue_gating
+from treadle.world.conformance import queue, queue_gating, queue_leases
 
 
 class TestNatsQueue(queue.QueueConformance):
@@ -15,4 +15,8 @@ class TestNatsQueue(queue.QueueConformance):
 
 
 class TestNatsQueueGating(queue_gating.QueueGatingConformance):
+    pass
+
+
+class TestNatsQueueLeases(queue_leases.QueueLeaseConformance):
     pass

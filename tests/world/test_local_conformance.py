@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from treadle.world import contract
-from treadle.world.conformance import queue, queue_gating, storage, storage_views
+from treadle.world.conformance import queue, queue_gating, queue_leases, storage, storage_views
 from treadle.world.conformance.harness import WorldHarness
 from treadle.worlds.local import LocalWorld
 
@@ -40,4 +40,8 @@ class TestLocalQueue(queue.QueueConformance):
 
 
 class TestLocalQueueGating(queue_gating.QueueGatingConformance):
+    pass
+
+
+class TestLocalQueueLeases(queue_leases.QueueLeaseConformance):
     pass

@@ -64,7 +64,12 @@ def near_due_waits(state: LogState, *, now_ms: int, window_ms: float) -> list[Wa
 
 
 def inline_to_rerun(state: LogState, running: set[str]) -> list[StepState]:
-    """Inline steps a dead delivery started: a start, no outcome, not running here."""
+    """Inline steps a dead delivery started: a start, no outcome, not running here.
+
+    A step whose retry an orchestrator moved to the step's own message is no longer in
+    ``open_inline_steps`` (``LogState``): that message's attempts are not a dead
+    delivery's, and the step is never run inline again (audit bug 1 / F1).
+    """
     return [
         step
         for step_id in state.open_inline_steps - running

@@ -8,21 +8,31 @@ its ``wait_created`` commits), runs inline steps, and consumes each outcome
 only after its write committed. It answers ``Ack`` when the run ended or
 waits on nothing this delivery can drive; ``Redeliver(1)`` after a fence
 refusal (never ``Ack``); ``Handoff`` at the end of its inline window.
+
+Inline bodies start as soon as their creating batch commits, before the
+batch's sends and before any later batch (seed 003 "How the creations are
+split"); their outcomes queue on the writer only after the last creation
+batch. No error cancels a running body: after a fence refusal, a lost lease
+or any other failure, no pass decides any more, the bodies settle, and only
+then does the delivery answer or fail (seed 003 "A later batch fails", FO4).
+A delivery the queue says lost its lease (``DeliveryMeta.lease_lost``) stops
+at once: it wakes from any wait, writes nothing (the writer refuses) and
+starts no body.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from typing import Any
 
 from treadle import clock, errors, serde
 from treadle.orchestrator import decisions, pinning, steps
+from treadle.orchestrator.inline import InlineSteps, check_lease
 from treadle.orchestrator.runtime import Runtime
 from treadle.orchestrator.session import RunSession
 from treadle.orchestrator.waits import WaitArmer, ms, now_ms
-from treadle.orchestrator.writer import Superseded
+from treadle.orchestrator.writer import LeaseLost, Superseded
 from treadle.replay import engine, operations
 from treadle.world import constants, events, messages
 
@@ -47,8 +57,8 @@ class OrchestratorDelivery:
         self.run_id = message.run_id
         self.deadline_ms = meta.invocation_started_at + self.settings.WORKFLOW_V2_TIMEOUT_MS
         self.margin_ms = self.settings.WORKFLOW_INLINE_STEP_DEADLINE_MARGIN_MS
-        self.session = RunSession(rt, self.run_id)
-        self._inline: dict[asyncio.Task[None], str] = {}
+        self.session = RunSession(rt, self.run_id, meta.lease_lost)
+        self.inline = InlineSteps(rt, self.session, meta, self.deadline_ms - self.margin_ms)
         self.waits = WaitArmer(rt, self.session, message, meta)
         self._divergences = 0
         # Turbo (the start message's first delivery): run_started goes out without waiting;
@@ -64,13 +74,24 @@ class OrchestratorDelivery:
     # -- entry -------------------------------------------------------------------
 
     async def run(self) -> messages.HandlerResult:
+        watch = None
+        if self.meta.lease_lost is not None:
+            watch = asyncio.get_running_loop().create_task(self._wake_on_lost_lease())
         try:
             return await self._run()
         except errors.RunExpired:
-            await self._settle_inline(quiet=True)
+            await self.inline.settle(quiet=True)
             return messages.ACK  # the run ended under us (a cancel, say)
+        except LeaseLost:
+            await self.inline.settle(quiet=True)
+            log.warning(
+                "run %s: delivery of %s lost its lease; stopped without writing",
+                self.run_id,
+                self.meta.message_id,
+            )
+            return messages.Redeliver(constants.FENCE_REFUSAL_REDELIVERY_SECONDS)  # dropped
         except Superseded:
-            await self._settle_inline(quiet=True)
+            await self.inline.settle(quiet=True)
             await self.session.send_owed()
             log.warning(
                 "run %s: delivery of %s refused by the fence; redelivering in 1 s",
@@ -78,12 +99,25 @@ class OrchestratorDelivery:
                 self.meta.message_id,
             )
             return messages.Redeliver(constants.FENCE_REFUSAL_REDELIVERY_SECONDS)
+        except Exception:
+            # Any other failure (a send, a read, a body's own write): no pass decides any
+            # more, and the delivery fails only once its running bodies settled, so none
+            # is cut off mid side effect (seed 003 "A later batch fails", FO4; bug 2).
+            await self.inline.settle(quiet=True)
+            raise
         finally:
-            for task in self._inline:
-                task.cancel()
+            if watch is not None:
+                watch.cancel()
+            self.inline.cancel()  # only a cancelled delivery (its process stopping) has any
             if self._run_started is not None:
                 await asyncio.wait([self._run_started])  # never cut a write short
             self.session.close()
+
+    async def _wake_on_lost_lease(self) -> None:
+        """Wake whatever the delivery waits on once the queue says its lease lapsed."""
+        assert self.meta.lease_lost is not None
+        await self.meta.lease_lost.wait()
+        self.session.news.set()
 
     async def _run(self) -> messages.HandlerResult:
         if not await self._load():
@@ -182,8 +216,9 @@ class OrchestratorDelivery:
 
     async def _passes(self) -> messages.HandlerResult:
         while True:
+            check_lease(self.meta, self.run_id)
             if now_ms() >= self.deadline_ms:
-                await self._settle_inline()
+                await self.inline.settle()
                 await self.waits.arm_owned_chains()
                 log.info("run %s: inline window over; handing off", self.run_id)
                 return messages.HANDOFF
@@ -193,7 +228,7 @@ class OrchestratorDelivery:
                 case engine.Ended():
                     return await self._finish()
                 case engine.Completed(value=value):
-                    await self._settle_inline()
+                    await self.inline.settle()
                     name = self.session.state.workflow_name
                     try:
                         output = serde.encode(value, f"workflow {name} output")
@@ -205,7 +240,7 @@ class OrchestratorDelivery:
                         await self.session.write_terminal(events.RunCompleted(output=output))
                     return await self._finish()
                 case engine.Failed(error=error):
-                    await self._settle_inline()
+                    await self.inline.settle()
                     await self.session.write_terminal(
                         events.RunFailed(error=steps.error_info(error))
                     )
@@ -227,7 +262,7 @@ class OrchestratorDelivery:
 
     async def _finish(self) -> messages.HandlerResult:
         await self._started()
-        await self._settle_inline()
+        await self.inline.settle()
         self.rt.consumed[self.run_id] = self.session.tail
         return messages.ACK
 
@@ -244,7 +279,7 @@ class OrchestratorDelivery:
             self._divergences,
             budget + 1,
         )
-        await self._settle_inline()
+        await self.inline.settle()
         if self._divergences > budget:
             error = errors.CorruptedEventLog(
                 self.run_id,
@@ -270,11 +305,14 @@ class OrchestratorDelivery:
         if suspended.new or suspended.dispose:
             await self._create(suspended)
             return None
-        running = set(self._inline.values())
-        reruns = decisions.inline_to_rerun(self.session.state, running)
+        reruns = decisions.inline_to_rerun(self.session.state, self.inline.running)
+        if reruns and not await self.inline.rerun(reruns):
+            # No free inline slot: wait for a running body to settle (never spin; bug 4).
+            await self._wait_for_news(self._next_wait_due_ms())
+            return None
         if reruns:
-            return None if await self._rerun_inline(reruns) else messages.HANDOFF
-        if self._inline or self.session.has_pending:
+            return None
+        if self.inline.busy or self.session.has_pending:
             await self._wait_for_news(self._next_wait_due_ms())
             return None
         if await self.session.read_tail():
@@ -316,42 +354,23 @@ class OrchestratorDelivery:
         limit = self.deadline_ms if until_ms is None else min(self.deadline_ms, until_ms)
         while True:
             session.news.clear()
+            check_lease(self.meta, self.run_id)
             if session.has_pending:
                 await session.read_tail()
-            if session.tail > tail or any(t.done() for t in self._inline):
-                self._reap_done()
+            if session.tail > tail or self.inline.any_done():
+                self.inline.reap_done()
                 return True
             remaining = limit - now_ms()
             if remaining <= 0:
                 return False
             wait_ms = min(remaining, poll_ms) if poll_ms > 0 else remaining
-            # A settling inline body sets ``news`` too (``_start_inline``): one wait, no tasks.
+            # A settling inline body sets ``news`` too (``InlineSteps.start``): one wait.
             try:
                 async with asyncio.timeout(wait_ms / 1000):
                     await session.news.wait()
             except TimeoutError:
                 if poll_ms > 0:
                     await session.read_tail()
-
-    def _reap_done(self) -> None:
-        for task in [t for t in self._inline if t.done()]:
-            del self._inline[task]
-            if not task.cancelled() and (exc := task.exception()) is not None:
-                raise exc
-
-    async def _settle_inline(self, *, quiet: bool = False) -> None:
-        """Let running inline bodies finish (their writes may be refused)."""
-        first_error: BaseException | None = None
-        while self._inline:
-            await asyncio.wait(list(self._inline))
-            for task in [t for t in self._inline if t.done()]:
-                del self._inline[task]
-                if task.cancelled() or (exc := task.exception()) is None:
-                    continue
-                if first_error is None or isinstance(exc, Superseded):
-                    first_error = exc  # supersession wins over other failures
-        if first_error is not None and not quiet:
-            raise first_error
 
     def _next_wait_due_ms(self) -> int | None:
         due = [ms(w.resume_at) for w in self.session.state.open_waits()]
@@ -376,7 +395,7 @@ class OrchestratorDelivery:
                 )
         waits = [op for op in suspended.new if isinstance(op, operations.Sleep)]
         calls = [op for op in suspended.new if isinstance(op, operations.StepCall)]
-        inline = [c for c in calls if c.input_error is None][: self._inline_slots()]
+        inline = [c for c in calls if c.input_error is None][: self.inline.slots()]
         batch: list[events.Event] = []
         for call in calls:
             batch += decisions.step_creation(
@@ -393,21 +412,30 @@ class OrchestratorDelivery:
             )
         if waits:
             await self.waits.arm_new_waits(waits)  # before wait_created commits
-        for chunk in decisions.creation_batches(batch):
-            await self._write_creations(chunk)
-        for call in inline:
-            self._start_inline(call.correlation_id, call.step_name, call.input, 1, call.max_retries)
+        starts = {call.correlation_id: call for call in inline}
+        self.inline.creations_written.clear()  # outcomes queue behind the last batch
+        try:
+            for chunk in decisions.creation_batches(batch):
+                await self._write_creations(chunk, starts)
+        finally:
+            self.inline.creations_written.set()
 
-    def _inline_slots(self) -> int:
-        if now_ms() >= self.deadline_ms - self.margin_ms:
-            return 0
-        return max(self.settings.WORKFLOW_MAX_INLINE_STEPS - len(self._inline), 0)
+    async def _write_creations(
+        self, batch: list[events.Event], starts: dict[str, operations.StepCall]
+    ) -> None:
+        """Write one creation batch; start its inline bodies at once, then send its steps.
 
-    async def _write_creations(self, batch: list[events.Event]) -> None:
+        The bodies start before the sends and before any later batch, so neither a failed
+        send nor a later batch's refusal leaves a committed inline start unrun (bug 3).
+        """
         committed, refused = await self.session.write_batch(batch)
         sends = []
         for logged in committed:
             event = logged.event
+            call = starts.get(event.correlation_id or "")
+            if isinstance(event, events.StepStarted) and event.inline and call is not None:
+                self.inline.start(call.correlation_id, call.step_name, call.input, 1,
+                                  call.max_retries)  # fmt: skip
             if isinstance(event, events.StepCreated) and not event.inline:
                 send = self.session.step_send(
                     event.correlation_id,
@@ -422,88 +450,6 @@ class OrchestratorDelivery:
         if refused:
             log.warning("run %s: %d creations refused: %s", self.run_id, len(refused), refused[0])
             raise refused[0]
-
-    # -- inline steps ------------------------------------------------------------------
-
-    def _start_inline(
-        self, step_id: str, step_name: str, step_input: Any, attempt: int, max_retries: int
-    ) -> None:
-        task = asyncio.get_running_loop().create_task(
-            self._run_inline(step_id, step_name, step_input, attempt, max_retries),
-            name=f"treadle-inline-{step_id}",
-        )
-        task.add_done_callback(lambda _task: self.session.news.set())
-        self._inline[task] = step_id
-
-    async def _run_inline(
-        self, step_id: str, step_name: str, step_input: Any, attempt: int, max_retries: int
-    ) -> None:
-        outcome = await steps.execute(
-            self.rt,
-            run_id=self.run_id,
-            workflow_name=self.session.state.workflow_name,
-            step_id=step_id,
-            step_name=step_name,
-            input=step_input,
-            attempt=attempt,
-            max_retries=max_retries,
-            started_at=clock.utcnow(),
-        )
-        event = steps.outcome_event(step_id, step_name, attempt, outcome)
-        if outcome.kind != "retry":
-            with contextlib.suppress(errors.StepAlreadyEnded):
-                await self.session.write(event)
-            return
-        # An inline step's retry moves to the step's own message; never inline again.
-        event = event.model_copy(update={"creator_message_id": self.meta.message_id})
-        logged = await self.session.write(event)
-        send = self.session.step_send(
-            step_id,
-            step_name,
-            step_input,
-            created_at=logged.created_at,
-            max_retries=max_retries,
-            attempt=attempt + 1,
-            delay_seconds=outcome.retry_after_seconds,
-        )
-        self.session.owe(send)
-        await self.session.send([send])
-
-    async def _rerun_inline(self, reruns: list[Any]) -> bool:
-        """Run again, or fail past its retries, what a dead delivery left; False if no slot."""
-        progressed = False
-        for step in reruns:
-            attempt = step.starts + 1
-            max_retries = step.max_retries
-            if max_retries is None:
-                fn = self.rt.steps.get(step.step_name)
-                max_retries = fn.max_retries if fn is not None else 0
-            if attempt > max_retries + 1:
-                await self.session.write(
-                    events.StepFailed(
-                        correlation_id=step.step_id,
-                        step_name=step.step_name,
-                        attempt=step.starts,
-                        error=events.ErrorInfo(
-                            message=f"step {step.step_name} was started {step.starts} time(s) "
-                            f"by a delivery that died; max_retries={max_retries} allows no more",
-                            type="StepAttemptsExhausted",
-                        ),
-                    )
-                )
-                progressed = True
-            elif self._inline_slots() > 0:
-                await self.session.write(
-                    events.StepStarted(
-                        correlation_id=step.step_id,
-                        step_name=step.step_name,
-                        attempt=attempt,
-                        inline=True,
-                    )
-                )
-                self._start_inline(step.step_id, step.step_name, step.input, attempt, max_retries)
-                progressed = True
-        return progressed or bool(self._inline)
 
     async def _resend_steps(self) -> None:
         """The re-send rule, once per invocation: steps whose first send may be lost."""

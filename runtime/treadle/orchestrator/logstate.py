@@ -28,7 +28,8 @@ class StepState:
     starts: int = 0
     outcome: str | None = None
     last_type: str = ""
-    # A step_retrying written by an orchestrator (it moved an inline retry to a message).
+    # The last step_retrying's creator: set when an orchestrator moved this inline step's
+    # retry to the step's own message (the step then leaves open_inline_steps for good).
     moved_by: str | None = None
     moved_at: datetime | None = None
     retry_after: datetime | None = None
@@ -90,6 +91,13 @@ class LogState:
                     step.retry_after = e.retry_after
                     step.moved_by = e.creator_message_id
                     step.moved_at = at if e.creator_message_id else None
+                    if e.creator_message_id is not None:
+                        # An orchestrator moved this inline step's retry to the step's own
+                        # message: from now on that message owns it, like a background
+                        # step's, and no orchestrator runs it inline again (seed 003: "never
+                        # runs a retried inline step inline again").
+                        self.open_inline_steps.discard(e.correlation_id)
+                        self.open_background_steps.add(e.correlation_id)
             case events.StepCompleted() | events.StepFailed() as e:
                 step = self.steps.get(e.correlation_id)
                 if step is not None and step.outcome is None:

@@ -22,7 +22,7 @@ from typing import Any
 from treadle import errors
 from treadle.orchestrator.logstate import LogState
 from treadle.orchestrator.runtime import Runtime, step_key
-from treadle.orchestrator.writer import InBandWriter
+from treadle.orchestrator.writer import InBandWriter, LeaseLost
 from treadle.replay import engine
 from treadle.sdk import functions
 from treadle.world import constants, contract, events, messages, records
@@ -31,9 +31,11 @@ log = logging.getLogger("treadle.orchestrator.session")
 
 
 class RunSession:
-    def __init__(self, rt: Runtime, run_id: str) -> None:
+    def __init__(self, rt: Runtime, run_id: str, lease_lost: asyncio.Event | None = None) -> None:
         self.rt = rt
         self.run_id = run_id
+        # The queue's word that the delivery lost its lease: the writer then refuses.
+        self.lease_lost = lease_lost
         self.state = LogState(run_id)
         self.replay: engine.Replay | None = None
         self.writer: InBandWriter | None = None
@@ -79,7 +81,7 @@ class RunSession:
         self.loaded = [created]
         self.state.apply(created)
         snapshot = events.Snapshot(seq=1, seq_in_band=constants.IN_BAND_SEQ_AT_RUN_CREATION)
-        self.writer = InBandWriter(self.rt.world, self.run_id, snapshot)
+        self.writer = InBandWriter(self.rt.world, self.run_id, snapshot, self.lease_lost)
 
     async def load(self, *, keep_writer: bool = False) -> None:
         """A full load; the writer adopts the first page's snapshot (never a count)."""
@@ -100,7 +102,7 @@ class RunSession:
         for event in loaded:
             self.state.apply(event)
         if not keep_writer or self.writer is None:
-            self.writer = InBandWriter(self.rt.world, self.run_id, snapshot)
+            self.writer = InBandWriter(self.rt.world, self.run_id, snapshot, self.lease_lost)
 
     def start_replay(self, workflow: functions.WorkflowFunction[Any, Any]) -> engine.Replay:
         if self.replay is not None:
@@ -205,6 +207,8 @@ class RunSession:
             await self.write(event)
 
     async def fail_out_of_band(self, error: events.ErrorInfo) -> None:
+        if self.lease_lost is not None and self.lease_lost.is_set():
+            raise LeaseLost(f"run {self.run_id}: the delivery lost its lease; nothing is written")
         with contextlib.suppress(errors.RunExpired):
             await self.rt.world.events.create(
                 self.run_id, events.RunFailed(error=error), in_band=False

@@ -6,8 +6,11 @@ advanced by each accepted write's ``allocated``) and the slot its decision
 was made against (``event_count``).
 A fence refusal stops the writer for good: that write and every later one
 raise ``Superseded`` without reaching the World. A transport or storage
-failure stops it too. Any other refusal (``RunExpired``, say) keeps the count
-and is the caller's to handle.
+failure stops it too. Once the queue said the delivery lost its lease
+(``DeliveryMeta.lease_lost``), every write raises ``LeaseLost`` before it
+reaches the World (seed 003: a delivery that knows it is stale writes
+nothing more). Any other refusal (``RunExpired``, say) keeps the count and is
+the caller's to handle.
 
 Called by ``orchestrator.delivery``.
 """
@@ -30,13 +33,24 @@ class Superseded(errors.TreadleError):
     """The fence refused this delivery's writes; it must stop and redeliver."""
 
 
+class LeaseLost(Superseded):
+    """The queue said this delivery's lease lapsed: it stops at once and writes nothing."""
+
+
 class WriterStopped(errors.TreadleError):
     """An earlier write failed in a way that ends the delivery's writes."""
 
 
 class InBandWriter:
-    def __init__(self, world: contract.World, run_id: str, snapshot: events.Snapshot) -> None:
+    def __init__(
+        self,
+        world: contract.World,
+        run_id: str,
+        snapshot: events.Snapshot,
+        lease_lost: asyncio.Event | None = None,
+    ) -> None:
         self._world = world
+        self._lease_lost = lease_lost
         self.run_id = run_id
         self.expected = snapshot.seq_in_band
         # The highest slot below which this delivery holds every event.
@@ -56,6 +70,8 @@ class InBandWriter:
         self.known = max(self.known, slot)
 
     def _check(self) -> None:
+        if self._lease_lost is not None and self._lease_lost.is_set():
+            raise LeaseLost(f"run {self.run_id}: the delivery lost its lease; nothing is written")
         if self.superseded is not None:
             raise Superseded(str(self.superseded))
         if self.failure is not None:

@@ -38,7 +38,11 @@ MAX_SKIPPED_SLOT_REPORT: Final = 1_000
 # Queue limits.
 MAX_MESSAGE_BYTES: Final = 128 * 1024
 MAX_COALESCED_RERUNS: Final = 32
-MAX_LOCAL_HANDOFFS: Final = 10_000
+# Handoffs of one message before a further Handoff is an ordinary, counted redelivery
+# (every queue, through ``messages.handoff_counted``): a delivery that keeps handing off
+# then reaches WORKFLOW_MAX_QUEUE_DELIVERIES instead of looping for ever.
+MAX_HANDOFFS: Final = 10_000
+MAX_LOCAL_HANDOFFS: Final = MAX_HANDOFFS  # the older name
 # The longest Redeliver delay; a longer or non-finite one is clamped to it.
 MAX_REDELIVER_SECONDS: Final = 900.0
 FENCE_REFUSAL_REDELIVERY_SECONDS: Final = 1.0

@@ -23,6 +23,8 @@ from typing import Annotated, Literal, TypeAlias
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, TypeAdapter
 
+from treadle.world import constants
+
 
 class _Message(BaseModel):
     # Unknown fields are ignored so an older handler can read a newer sender's message.
@@ -180,6 +182,14 @@ class Redeliver:
 @dataclass(frozen=True, slots=True)
 class Handoff:
     """Deliver the same message again at once, first in its run's line; not an attempt."""
+
+
+def handoff_counted(handoffs: int) -> bool:
+    """The handoff bound every queue keeps: once a message was handed off
+    ``MAX_HANDOFFS`` times, a further ``Handoff`` is redelivered at once as an ordinary,
+    counted delivery (its ``attempt`` rises), so a delivery that hands off for ever reaches
+    the delivery cap instead of looping (audit bug 4)."""
+    return handoffs >= constants.MAX_HANDOFFS
 
 
 HandlerResult: TypeAlias = Ack | Redeliver | Handoff

@@ -5,7 +5,9 @@ One ``LocalConsumer`` per ``queue.consume`` call. Its loop claims what is due
 finished delivery or the next due time wakes it. A delivery renews its lease
 every third of it while the handler runs; a handler that stalls the event
 loop past its lease loses it, and the message is delivered again while the
-stalled one's answer is dropped (its lease is gone). When a delivery's ack is
+stalled one's answer is dropped (its lease is gone); the heartbeat that finds
+the lease gone sets the delivery's ``DeliveryMeta.lease_lost``, so the handler
+stops at once. When a delivery's ack is
 refused because messages were coalesced into it, the handler runs again in
 the same delivery (``delivery_count + rerun``, same ``attempt``), up to
 ``MAX_COALESCED_RERUNS`` times, then the message is handed off.
@@ -112,7 +114,8 @@ class LocalConsumer:
     async def _deliver(self, leased: queue.Leased) -> None:
         message = messages.MESSAGE_ADAPTER.validate_json(leased.payload)
         handler = self._handlers[message.kind]
-        heartbeat = asyncio.get_running_loop().create_task(self._heartbeat(leased))
+        lease_lost = asyncio.Event()
+        heartbeat = asyncio.get_running_loop().create_task(self._heartbeat(leased, lease_lost))
         started_ms = int(time.time() * 1000)
         attempt = max(1, leased.delivery_count - leased.handoffs)
         rerun = 0
@@ -126,6 +129,7 @@ class LocalConsumer:
                     invocation_started_at=started_ms,
                     key=leased.key,
                     rerun=rerun,
+                    lease_lost=lease_lost,
                 )
                 outcome = await _call(handler, message, meta)
                 settled = await self._settle(leased, outcome, covered)
@@ -178,7 +182,7 @@ class LocalConsumer:
             self._wake.set()
         return settled
 
-    async def _heartbeat(self, leased: queue.Leased) -> None:
+    async def _heartbeat(self, leased: queue.Leased, lease_lost: asyncio.Event) -> None:
         lease = self._queue.tuning.lease_seconds
         while True:
             await asyncio.sleep(lease / 3)
@@ -192,10 +196,11 @@ class LocalConsumer:
             )
             if not held:
                 log.warning(
-                    "message %s: delivery lost its lease (stalled past %.1f s)",
+                    "message %s: delivery lost its lease (stalled past %.1f s); stopping it",
                     leased.message_id,
                     lease,
                 )
+                lease_lost.set()
                 return
 
 

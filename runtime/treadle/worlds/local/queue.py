@@ -240,7 +240,7 @@ def settle(
             case messages.Redeliver(seconds=seconds):
                 _ready(conn, mid, now + round(_clamp_delay(seconds) * _US))
             case messages.Handoff():
-                if leased.handoffs >= constants.MAX_LOCAL_HANDOFFS:
+                if messages.handoff_counted(leased.handoffs):
                     _ready(conn, mid, now)  # past the bound: an ordinary, counted reschedule
                 else:
                     front = conn.execute("SELECT COALESCE(MIN(line), 0) - 1 FROM queue_messages")

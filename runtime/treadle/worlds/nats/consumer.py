@@ -15,12 +15,15 @@ One per ``NatsQueue.consume`` call. A delivery:
 
 JetStream acks by stream sequence, so an old delivery's ack would settle a
 newer one. A delivery therefore keeps its own lease clock: once it went a lease
-(less a margin) without a heartbeat its answer is dropped, and the message is
-left to JetStream's redelivery. Two more guards keep a stalled event loop from
-showing a handler one message twice: a redelivery of a message this process is
-still working on (and holds by its own clock) is adopted by the running
-delivery, and a redelivery that crossed this process's ack is acked again and
-dropped.
+(less a margin) without a heartbeat it sets its ``lease_lost`` (the handler's
+``DeliveryMeta.lease_lost``: the handler stops at once), its answer is
+dropped, and the message is left to JetStream's redelivery. The clock is read
+again right before each ack, with no await between the check and the ack, so
+a delivery that lapsed while it settled never acks the redelivered copy. Two
+more guards keep a stalled event loop from showing a handler one message
+twice: a redelivery of a message this process is still working on (and
+holds by its own clock) is adopted by the running delivery, and a redelivery
+that crossed this process's ack is acked again and dropped.
 """
 
 from __future__ import annotations
@@ -133,6 +136,8 @@ class NatsConsumer:
             # lease's end, as after a stalled loop): the running delivery carries on under it.
             current.msg = msg
             return _quietly(self._progress(current))
+        if current is not None:
+            self._lapsed(current)  # the new copy is the message now; the old one stops
         self._active[d.sequence] = d
         return self._deliver(d)
 
@@ -178,6 +183,7 @@ class NatsConsumer:
                 invocation_started_at=started_ms,
                 key=d.key,
                 rerun=rerun,
+                lease_lost=d.lease_lost,
             )
             outcome = await delivery.call_handler(handler, d.message, meta)
             if isinstance(outcome, messages.Ack) and d.token is not None and self._alive(d):
@@ -226,7 +232,16 @@ class NatsConsumer:
                 await d.msg.nak(delay=self._queue.tuning.backoff_seconds(d.attempt))
 
     async def _handoff(self, d: Delivery) -> None:
-        """Republish the message with its identity and counts, then ack this copy."""
+        """Republish the message with its identity and counts, then ack this copy.
+
+        Past the handoff bound (``messages.handoff_counted``, the local queue's rule too)
+        the copy is nakked instead: delivered again at once, counted as an attempt.
+        """
+        if messages.handoff_counted(d.handoffs):
+            await self._let_go(d)
+            if self._alive(d):
+                await d.msg.nak()
+            return
         if d.token is not None:
             assert d.gate_key is not None
             if not await self._queue.leases.reserve(d.gate_key, d.token, d.message_id):
@@ -244,6 +259,12 @@ class NatsConsumer:
         await self._ack(d)
 
     async def _ack(self, d: Delivery) -> None:
+        if not self._alive(d):
+            # Lapsed while it settled (an await since the last check): the message may be
+            # another delivery's copy now, which this ack would settle, and remembering its
+            # sequence as acked would drop that copy's redelivery (audit bug 11).
+            log.warning("message %s: lost its lease before the ack; not acked", d.message_id)
+            return
         now = time.monotonic()
         self._acked[d.sequence] = now
         while self._acked:
@@ -252,6 +273,7 @@ class NatsConsumer:
                 break
             del self._acked[sequence]
         try:
+            # No await between the lease check above and this ack.
             await d.msg.ack_sync(timeout=ACK_TIMEOUT_SECONDS)
         except Exception as exc:
             log.warning(
@@ -284,7 +306,22 @@ class NatsConsumer:
 
     def _alive(self, d: Delivery) -> bool:
         """This delivery still holds its message (JetStream has not redelivered it)."""
-        return time.monotonic() < d.renewed_at + self._lease - self._margin
+        if d.lease_lost.is_set():
+            return False
+        if time.monotonic() < d.renewed_at + self._lease - self._margin:
+            return True
+        self._lapsed(d)
+        return False
+
+    def _lapsed(self, d: Delivery) -> None:
+        """Tell the handler its lease lapsed: it stops at once, writing nothing more."""
+        if not d.lease_lost.is_set():
+            log.warning(
+                "message %s: delivery lost its lease (stalled past %.1f s); stopping it",
+                d.message_id,
+                self._lease,
+            )
+            d.lease_lost.set()
 
     async def _progress(self, d: Delivery) -> None:
         """Tell JetStream the delivery is at work: its lease runs from now."""
@@ -296,12 +333,7 @@ class NatsConsumer:
         while True:
             await asyncio.sleep(self._lease / 3)
             if not self._alive(d):
-                log.warning(
-                    "message %s: delivery lost its lease (stalled past %.1f s)",
-                    d.message_id,
-                    self._lease,
-                )
-                return
+                return  # _alive set lease_lost: the handler stops
             try:
                 await self._progress(d)
                 if d.token is not None and d.gate_key is not None:

@@ -14,7 +14,7 @@ import asyncio
 import logging
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeAlias
 
 from nats.aio.msg import Msg
@@ -56,6 +56,9 @@ class Delivery:
     # When the last in-progress ack was sent (monotonic): the lease runs from there.
     renewed_at: float
     token: str | None = None
+    # Set once this delivery knows its lease lapsed (``DeliveryMeta.lease_lost``): the
+    # handler stops, and the consumer never acks for it again.
+    lease_lost: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
     def attempt(self) -> int:

@@ -1,0 +1,221 @@
+"""The inline step bodies one orchestrator delivery runs in its own process.
+
+``InlineSteps`` starts a body once its ``step_started`` committed, writes its
+outcome (behind the suspension's creation batches: ``creations_written``),
+moves a retryable failure to the step's own message (never inline again),
+re-runs or fails what a dead delivery left open (``rerun``), and lets running
+bodies settle. Nothing here cancels a body except ``cancel``, which only a
+cancelled delivery (its process stopping) calls: after a fence refusal, a
+lost lease or any other error the bodies settle first (seed 003 "A later
+batch fails", FO4). A delivery that lost its lease starts no body
+(``check_lease``) and its writes are refused by the writer.
+
+Used by ``orchestrator.delivery``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+from treadle import clock, errors
+from treadle.orchestrator import steps
+from treadle.orchestrator.logstate import StepState
+from treadle.orchestrator.runtime import Runtime
+from treadle.orchestrator.session import RunSession
+from treadle.orchestrator.waits import now_ms
+from treadle.orchestrator.writer import LeaseLost, Superseded
+from treadle.world import events, messages
+
+
+def check_lease(meta: messages.DeliveryMeta, run_id: str) -> None:
+    """Raise ``LeaseLost`` once the queue said the delivery's lease lapsed."""
+    if meta.lost_lease():
+        raise LeaseLost(f"run {run_id}: the delivery lost its lease")
+
+
+class InlineSteps:
+    def __init__(
+        self,
+        rt: Runtime,
+        session: RunSession,
+        meta: messages.DeliveryMeta,
+        last_start_ms: int,
+    ) -> None:
+        self.rt = rt
+        self.session = session
+        self.meta = meta
+        self.run_id = session.run_id
+        # No inline body starts from here on (the window's end less its margin).
+        self.last_start_ms = last_start_ms
+        self._tasks: dict[asyncio.Task[None], str] = {}
+        # Clear while a suspension's creation batches are written: an inline body's
+        # outcome queues on the writer only after the last of them.
+        self.creations_written = asyncio.Event()
+        self.creations_written.set()
+
+    @property
+    def running(self) -> set[str]:
+        return set(self._tasks.values())
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._tasks)
+
+    def any_done(self) -> bool:
+        return any(t.done() for t in self._tasks)
+
+    def slots(self) -> int:
+        if now_ms() >= self.last_start_ms:
+            return 0
+        return max(self.rt.settings.WORKFLOW_MAX_INLINE_STEPS - len(self._tasks), 0)
+
+    # -- running bodies ------------------------------------------------------------------
+
+    def start(
+        self, step_id: str, step_name: str, step_input: Any, attempt: int, max_retries: int
+    ) -> None:
+        check_lease(self.meta, self.run_id)  # a delivery that lost its lease starts no body
+        task = asyncio.get_running_loop().create_task(
+            self._run(step_id, step_name, step_input, attempt, max_retries),
+            name=f"treadle-inline-{step_id}",
+        )
+        task.add_done_callback(lambda _task: self.session.news.set())
+        self._tasks[task] = step_id
+
+    async def _run(
+        self, step_id: str, step_name: str, step_input: Any, attempt: int, max_retries: int
+    ) -> None:
+        outcome = await steps.execute(
+            self.rt,
+            run_id=self.run_id,
+            workflow_name=self.session.state.workflow_name,
+            step_id=step_id,
+            step_name=step_name,
+            input=step_input,
+            attempt=attempt,
+            max_retries=max_retries,
+            started_at=clock.utcnow(),
+        )
+        event = steps.outcome_event(step_id, step_name, attempt, outcome)
+        await self.creations_written.wait()  # outcomes queue behind the creation batches
+        if outcome.kind != "retry":
+            with contextlib.suppress(errors.StepAlreadyEnded):
+                await self.session.write(event)
+            return
+        # An inline step's retry moves to the step's own message; never inline again.
+        event = event.model_copy(update={"creator_message_id": self.meta.message_id})
+        logged = await self.session.write(event)
+        send = self.session.step_send(
+            step_id,
+            step_name,
+            step_input,
+            created_at=logged.created_at,
+            max_retries=max_retries,
+            attempt=attempt + 1,
+            delay_seconds=outcome.retry_after_seconds,
+        )
+        self.session.owe(send)
+        await self.session.send([send])
+
+    def reap_done(self) -> None:
+        """Drop settled bodies; a body's own failure (its write, say) is raised here."""
+        for task in [t for t in self._tasks if t.done()]:
+            del self._tasks[task]
+            if not task.cancelled() and (exc := task.exception()) is not None:
+                raise exc
+
+    async def settle(self, *, quiet: bool = False) -> None:
+        """Let running bodies finish (their writes may be refused); raise the first error
+        unless ``quiet``, a supersession before any other."""
+        first_error: BaseException | None = None
+        while self._tasks:
+            await asyncio.wait(list(self._tasks))
+            for task in [t for t in self._tasks if t.done()]:
+                del self._tasks[task]
+                if task.cancelled() or (exc := task.exception()) is None:
+                    continue
+                if first_error is None or isinstance(exc, Superseded):
+                    first_error = exc  # supersession wins over other failures
+        if first_error is not None and not quiet:
+            raise first_error
+
+    def cancel(self) -> None:
+        """Only for a delivery that is itself cancelled (its process stopping)."""
+        for task in self._tasks:
+            task.cancel()
+
+    # -- what a dead delivery left open ----------------------------------------------------
+
+    async def rerun(self, reruns: list[StepState]) -> bool:
+        """Run again, or fail past its retries, what a dead delivery left.
+
+        A step with no free inline slot waits for one while a body runs here (False: the
+        caller waits for a body to settle). With no body running here no slot frees up in
+        this delivery (``WORKFLOW_MAX_INLINE_STEPS=0``, or inside the deadline margin), so
+        the step's retry moves to its own message, as a retryable inline failure's does,
+        and it is never run inline again (bug 4: never a spin, never a hot handoff loop).
+        """
+        progressed = False
+        for step in reruns:
+            attempt = step.starts + 1
+            max_retries = step.max_retries
+            if max_retries is None:
+                fn = self.rt.steps.get(step.step_name)
+                max_retries = fn.max_retries if fn is not None else 0
+            if attempt > max_retries + 1:
+                await self.session.write(
+                    events.StepFailed(
+                        correlation_id=step.step_id,
+                        step_name=step.step_name,
+                        attempt=step.starts,
+                        error=events.ErrorInfo(
+                            message=f"step {step.step_name} was started {step.starts} time(s) "
+                            f"by a delivery that died; max_retries={max_retries} allows no more",
+                            type="StepAttemptsExhausted",
+                        ),
+                    )
+                )
+                progressed = True
+            elif self.slots() > 0:
+                await self.session.write(
+                    events.StepStarted(
+                        correlation_id=step.step_id,
+                        step_name=step.step_name,
+                        attempt=attempt,
+                        inline=True,
+                    )
+                )
+                self.start(step.step_id, step.step_name, step.input, attempt, max_retries)
+                progressed = True
+            elif not self._tasks:
+                await self._move_to_message(step, attempt, max_retries)
+                progressed = True
+        return progressed
+
+    async def _move_to_message(self, step: StepState, attempt: int, max_retries: int) -> None:
+        """Hand a dead delivery's open inline step to its own message, for ``attempt``."""
+        logged = await self.session.write(
+            events.StepRetrying(
+                correlation_id=step.step_id,
+                step_name=step.step_name,
+                attempt=step.starts,
+                error=events.ErrorInfo(
+                    message=f"step {step.step_name} was started {step.starts} time(s) by a "
+                    "delivery that died, and no inline slot is free; it moves to its message",
+                    type="StepAttemptLost",
+                ),
+                creator_message_id=self.meta.message_id,
+            )
+        )
+        send = self.session.step_send(
+            step.step_id,
+            step.step_name,
+            step.input,
+            created_at=logged.created_at,
+            max_retries=max_retries,
+            attempt=attempt,
+        )
+        self.session.owe(send)
+        await self.session.send([send])
