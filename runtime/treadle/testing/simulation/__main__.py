@@ -36,13 +36,17 @@ def _replay(seed: int, args: argparse.Namespace) -> int:
     report = simulate(seed, _config(args))
     if args.shrink and not report.ok:
         report = shrink(report, on_step=lambda r: print(f"shrunk: {r.replay_command()}"))
-    print(f"seed {seed}: plan {report.plan}; {report.runs} runs, {report.sim_seconds:.0f} simulated s in {report.real_seconds:.2f} s")
+    print(
+        f"seed {seed}: plan {report.plan}; {report.runs} runs, {report.sim_seconds:.0f} simulated s in {report.real_seconds:.2f} s"
+    )
     for i, program in enumerate(report.programs):
         print(f"program {i}: {json.dumps(program.ops)}")
         print(f"  actors: {[(a.at, a.kind, a.token, a.n) for a in program.actors]}")
     for line in report.trace:
         print(f"  {line}")
-    print(f"faults: {dict(report.faults)}; deliveries per run: {report.deliveries}; handoffs: {report.handoffs}")
+    print(
+        f"faults: {dict(report.faults)}; deliveries per run: {report.deliveries}; handoffs: {report.handoffs}"
+    )
     for v in report.violations:
         print(f"VIOLATION {v}")
     if not report.ok:
@@ -68,7 +72,9 @@ def _soak(args: argparse.Namespace) -> int:
         if not report.ok:
             failed.append(report)
             kinds.update({v.kind for v in report.violations})
-            print(f"FAIL seed {seed}: {report.violations[0]}  ({len(report.violations)} violations)")
+            print(
+                f"FAIL seed {seed}: {report.violations[0]}  ({len(report.violations)} violations)"
+            )
             print(f"  replay: {report.replay_command()}")
             sys.stdout.flush()
     took = time.monotonic() - t0
@@ -82,14 +88,18 @@ def _soak(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m treadle.testing.simulation", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m treadle.testing.simulation", description=__doc__.split("\n")[0]
+    )
     p.add_argument("--seeds", type=int, help="soak: run this many seeds")
     p.add_argument("--start", type=int, default=0, help="first seed of a soak")
     p.add_argument("--seed", type=int, help="replay one seed, verbosely")
     p.add_argument("--plan", help="fault plan, e.g. 'kill=0.01,stall=0.004,budget=6' or 'none'")
     p.add_argument("--runs", type=int, default=Config.runs, help="runs per seed")
     p.add_argument("--processes", type=int, default=Config.processes, help="worker processes")
-    p.add_argument("--ops", type=int, default=workload.Shape.max_ops, help="most operations per program")
+    p.add_argument(
+        "--ops", type=int, default=workload.Shape.max_ops, help="most operations per program"
+    )
     p.add_argument("--shrink", action="store_true", help="shrink a failing --seed")
     p.add_argument("-v", "--verbose", action="store_true", help="engine logs (INFO)")
     args = p.parse_args(argv)

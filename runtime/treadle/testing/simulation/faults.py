@@ -88,7 +88,9 @@ class FaultPlan:
     @classmethod
     def draw(cls, rng: random.Random, kinds: tuple[str, ...] = KINDS) -> FaultPlan:
         """A seed's plan: each kind on with probability 1/2, at 0.5-2x its default rate."""
-        rates = {k: DEFAULT_RATES[k] * rng.choice([0.5, 1.0, 2.0]) for k in kinds if rng.random() < 0.5}
+        rates = {
+            k: DEFAULT_RATES[k] * rng.choice([0.5, 1.0, 2.0]) for k in kinds if rng.random() < 0.5
+        }
         return cls(rates, budget=rng.choice([4, 8, 12, 20]))
 
     @classmethod
@@ -117,7 +119,9 @@ class FaultPlan:
         return ",".join([*parts, f"budget={self.budget}"])
 
     def without(self, kind: str) -> FaultPlan:
-        return FaultPlan({k: v for k, v in self.rates.items() if k != kind}, self.budget, self.quiet_after)
+        return FaultPlan(
+            {k: v for k, v in self.rates.items() if k != kind}, self.budget, self.quiet_after
+        )
 
 
 @dataclass

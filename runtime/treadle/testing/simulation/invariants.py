@@ -109,7 +109,13 @@ def _check_output(o: RunOutcome, race_ids: set[str]) -> list[Violation]:
     got: Any = serde.decode(rec.output) if rec.status == "completed" else None
     got_err = rec.error.type if rec.error is not None else None
     if rec.status != status:
-        out.append(Violation("output", o.run_id, f"{rec.status} ({got_err}), expected {status} ({value if status != 'completed' else '...'})"))
+        out.append(
+            Violation(
+                "output",
+                o.run_id,
+                f"{rec.status} ({got_err}), expected {status} ({value if status != 'completed' else '...'})",
+            )
+        )
     elif status == "completed" and got != value:
         out.append(Violation("output", o.run_id, f"output {got!r}, expected {value!r}"))
     want = outcomes_expected(o.program)
@@ -119,7 +125,13 @@ def _check_output(o: RunOutcome, race_ids: set[str]) -> list[Violation]:
             op = ids[e.correlation_id]
             kind = "completed" if e.type == "step_completed" else "failed"
             if op in want and want[op] != kind:
-                out.append(Violation("output", o.run_id, f"step {op} {kind} at slot {e.slot}, expected {want[op]}"))
+                out.append(
+                    Violation(
+                        "output",
+                        o.run_id,
+                        f"step {op} {kind} at slot {e.slot}, expected {want[op]}",
+                    )
+                )
     return out
 
 
@@ -131,7 +143,11 @@ def _check_bodies(o: RunOutcome, race_ids: set[str]) -> list[Violation]:
         by_step.setdefault(b.step_id, []).append(b)
     retries = {}
     for op in o.program.ops:
-        for c in [op] if op["k"] == "step" else op.get("ops", []) or ([op["step"]] if op["k"] == "race" else []):
+        for c in (
+            [op]
+            if op["k"] == "step"
+            else op.get("ops", []) or ([op["step"]] if op["k"] == "race" else [])
+        ):
             retries[c["id"]] = c["r"]
     for step_id, runs in by_step.items():
         runs.sort(key=lambda b: b.started)
@@ -139,17 +155,34 @@ def _check_bodies(o: RunOutcome, race_ids: set[str]) -> list[Violation]:
         if not o.tainted:
             for a, b in zip(runs, runs[1:], strict=False):
                 if a.ended is None or a.ended > b.started:
-                    out.append(Violation(
-                        "overlap", rid,
-                        f"step {op_id} ({step_id}): attempt {b.attempt} started at {b.started:.3f} in "
-                        f"{b.process} while attempt {a.attempt} (since {a.started:.3f} in {a.process}) still ran",
-                    ))
+                    out.append(
+                        Violation(
+                            "overlap",
+                            rid,
+                            f"step {op_id} ({step_id}): attempt {b.attempt} started at {b.started:.3f} in "
+                            f"{b.process} while attempt {a.attempt} (since {a.started:.3f} in {a.process}) still ran",
+                        )
+                    )
             if retries.get(op_id) == 0 and len(runs) > 1:
-                out.append(Violation("at_most_once", rid, f"step {op_id} (max_retries=0) started {len(runs)} times"))
+                out.append(
+                    Violation(
+                        "at_most_once",
+                        rid,
+                        f"step {op_id} (max_retries=0) started {len(runs)} times",
+                    )
+                )
         for b in runs:
-            cancelled_legit = b.process in o.dead_processes or op_id in race_ids or o.cancelled_by_actor
+            cancelled_legit = (
+                b.process in o.dead_processes or op_id in race_ids or o.cancelled_by_actor
+            )
             if b.how == "cancelled" and not cancelled_legit:
-                out.append(Violation("cancelled_body", rid, f"step {op_id} attempt {b.attempt} cancelled at {b.ended} in {b.process}, which did not die"))
+                out.append(
+                    Violation(
+                        "cancelled_body",
+                        rid,
+                        f"step {op_id} attempt {b.attempt} cancelled at {b.ended} in {b.process}, which did not die",
+                    )
+                )
     for e in o.log:
         err = getattr(e.event, "error", None)
         if e.type != "step_failed" or err is None or err.type != "StepAttemptsExhausted":
@@ -157,9 +190,21 @@ def _check_bodies(o: RunOutcome, race_ids: set[str]) -> list[Violation]:
         runs = by_step.get(e.correlation_id or "", [])
         t = _vt(e)
         if not runs:
-            out.append(Violation("exhausted_unrun", rid, f"step {e.correlation_id} failed as exhausted at slot {e.slot} but its body never ran"))
+            out.append(
+                Violation(
+                    "exhausted_unrun",
+                    rid,
+                    f"step {e.correlation_id} failed as exhausted at slot {e.slot} but its body never ran",
+                )
+            )
         elif not o.tainted:
             for b in runs:
                 if b.started <= t and (b.ended is None or b.ended > t):
-                    out.append(Violation("exhausted_unrun", rid, f"step {b.op_id} failed as exhausted at {t:.3f} (slot {e.slot}) while attempt {b.attempt} still ran in {b.process}"))
+                    out.append(
+                        Violation(
+                            "exhausted_unrun",
+                            rid,
+                            f"step {b.op_id} failed as exhausted at {t:.3f} (slot {e.slot}) while attempt {b.attempt} still ran in {b.process}",
+                        )
+                    )
     return out

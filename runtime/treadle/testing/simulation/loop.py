@@ -45,7 +45,12 @@ class SimLoop(asyncio.SelectorEventLoop):
     """
 
     def __init__(
-        self, rng: random.Random, *, interleave: bool = True, on_task: TaskHook | None = None
+        self,
+        rng: random.Random,
+        *,
+        interleave: bool = True,
+        on_task: TaskHook | None = None,
+        frozen_limit: int = 400_000,
     ) -> None:
         super().__init__()
         self._vtime = 0.0
@@ -57,6 +62,9 @@ class SimLoop(asyncio.SelectorEventLoop):
         self.running_since: float | None = None
         self.running_handle: asyncio.Handle | None = None
         self.idle_real_seconds = 0.0
+        # A livelock: this many callbacks in a row without virtual time moving.
+        self.frozen_limit = frozen_limit
+        self._frozen_count = 0
         self.set_task_factory(self._task_factory)
 
     # -- time -----------------------------------------------------------------------------
@@ -109,8 +117,9 @@ class SimLoop(asyncio.SelectorEventLoop):
         if timeout:
             self.idle_real_seconds += time.monotonic() - t0
         self._process_events(event_list)  # type: ignore[attr-defined]
-        if not ready and not stopping and scheduled:
-            self._vtime = max(self._vtime, scheduled[0].when())
+        if not ready and not stopping and scheduled and scheduled[0].when() > self._vtime:
+            self._vtime = scheduled[0].when()
+            self._frozen_count = 0
         end_time = self._vtime + self._clock_resolution  # type: ignore[attr-defined]
         while scheduled:
             handle = scheduled[0]
@@ -120,6 +129,11 @@ class SimLoop(asyncio.SelectorEventLoop):
             handle._scheduled = False  # type: ignore[attr-defined]
             ready.append(handle)
         ntodo = len(ready)
+        self._frozen_count += ntodo
+        if self._frozen_count > self.frozen_limit:
+            self._frozen_count = 0
+            raise LoopHeld(0.0, f"{self.frozen_limit} callbacks at virtual time {self._vtime:.3f} "
+                           "without time moving (a spin that only awaits instant calls)")
         if self.interleave and ntodo > 1:
             batch = [ready.popleft() for _ in range(ntodo)]
             self.rng.shuffle(batch)
@@ -177,7 +191,9 @@ class Watchdog:
         self.limit = limit
         self.held: LoopHeld | None = None
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._watch, name="treadle-sim-watchdog", daemon=True)
+        self._thread = threading.Thread(
+            target=self._watch, name="treadle-sim-watchdog", daemon=True
+        )
 
     def __enter__(self) -> Watchdog:
         if threading.current_thread() is threading.main_thread():

@@ -127,6 +127,12 @@ class ProcessInterceptor:
         kind = sim.injector.choose(point, run_id, proc.name, now)
         if kind is None:
             return "proceed"
+        if kind == "stall":
+            proc.stall(now, sim.stall_seconds())
+            await proc._unstalled.wait()  # this very call waits out the stall
+            if proc.dead:
+                raise ProcessKilled(proc.name)
+            return "proceed"
         return self._apply(kind, point, run_id, now)
 
     def _apply(self, kind: str, point: str, run_id: str | None, now: float) -> Interference:
@@ -140,9 +146,6 @@ class ProcessInterceptor:
             raise ConnectionError(f"simulated queue failure at {point}")
         if kind == "fail_after":
             return "fail_after"
-        if kind == "stall":
-            proc.stall(now, sim.stall_seconds())
-            return "proceed"  # the next call of this process blocks
         if kind in ("duplicate", "fence"):
             sim.force_lapse(run_id, proc)
             return "proceed"

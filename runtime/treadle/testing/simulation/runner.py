@@ -74,7 +74,10 @@ class Report:
 
     def replay_command(self) -> str:
         c = self.config
-        parts = [f"python -m treadle.testing.simulation --seed {self.seed}", f"--plan '{self.plan}'"]
+        parts = [
+            f"python -m treadle.testing.simulation --seed {self.seed}",
+            f"--plan '{self.plan}'",
+        ]
         if c.runs != Config.runs:
             parts.append(f"--runs {c.runs}")
         if c.shape.max_ops != workload.Shape.max_ops:
@@ -199,8 +202,13 @@ def simulate(seed: int, config: Config | None = None) -> Report:
         report.violations += invariants.check(o)
         report.deliveries[o.run_id] = o.deliveries
         report.handoffs += o.handoffs
-    report.trace += [f"fault {f.at:.6f} {f.kind} {f.point} {f.run_id} {f.process}" for f in sim.injector.log]
-    report.trace += [f"body {b.run_id} {b.op_id} {b.attempt} {b.process} {b.started:.6f} {b.ended} {b.how}" for b in sim.ledger.bodies]
+    report.trace += [
+        f"fault {f.at:.6f} {f.kind} {f.point} {f.run_id} {f.process}" for f in sim.injector.log
+    ]
+    report.trace += [
+        f"body {b.run_id} {b.op_id} {b.attempt} {b.process} {b.started:.6f} {b.ended} {b.how}"
+        for b in sim.ledger.bodies
+    ]
     return report
 
 
@@ -232,13 +240,18 @@ async def _main(sim: Simulation, report: Report) -> list[invariants.RunOutcome]:
         await asyncio.sleep(30.0)  # late writes of the last deliveries land
         report.runs = len(runs)
         report.sim_seconds = sim.now()
-        out = [await _collect(sim, client, run.run_id, program) for run, program in zip(runs, report.programs, strict=True)]
+        out = [
+            await _collect(sim, client, run.run_id, program)
+            for run, program in zip(runs, report.programs, strict=True)
+        ]
         for proc in sim.processes.values():
             proc.kill(sim.now())
         return out
 
 
-async def _collect(sim: Simulation, world: contract.World, run_id: str, program: workload.Program) -> invariants.RunOutcome:
+async def _collect(
+    sim: Simulation, world: contract.World, run_id: str, program: workload.Program
+) -> invariants.RunOutcome:
     rec = await world.runs.get(run_id)
     start, end = sim.started.get(run_id, 0.0), sim.ended.get(run_id, float("inf"))
     tainted = any(start <= t <= end and r in (None, run_id) for t, r in sim.ownership_lost)

@@ -23,12 +23,16 @@ def _candidates(c: Config, plan: FaultPlan) -> Iterator[Config]:
     for kind in sorted(plan.rates):
         yield dataclasses.replace(c, plan=plan.without(kind))
     if plan.budget > 1:
-        yield dataclasses.replace(c, plan=FaultPlan(dict(plan.rates), plan.budget // 2, plan.quiet_after))
+        yield dataclasses.replace(
+            c, plan=FaultPlan(dict(plan.rates), plan.budget // 2, plan.quiet_after)
+        )
     s = c.shape
     for ops in range(1, s.max_ops):
         yield dataclasses.replace(c, plan=plan, shape=dataclasses.replace(s, max_ops=ops))
     if s.max_gather > 2:
-        yield dataclasses.replace(c, plan=plan, shape=dataclasses.replace(s, max_gather=max(2, s.max_gather // 2)))
+        yield dataclasses.replace(
+            c, plan=plan, shape=dataclasses.replace(s, max_gather=max(2, s.max_gather // 2))
+        )
     for flag in ("fanout", "hooks", "actors", "long_sleeps"):
         if getattr(s, flag):
             yield dataclasses.replace(c, plan=plan, shape=dataclasses.replace(s, **{flag: False}))

@@ -108,7 +108,15 @@ def _step(rng: random.Random, sid: str, *, quick: bool = False) -> Op:
         fail = rng.choice([1, 1, 2, 4])
         err = rng.choice(["retry", "retry", "plain", "fatal"])
     dur = 0.0 if quick else rng.choice([0.0, 0.0, 0.05, 0.5, 2.0, 7.0, 25.0])
-    return {"k": "step", "id": sid, "r": r, "fail": fail, "err": err, "dur": dur, "catch": rng.random() < 0.8}
+    return {
+        "k": "step",
+        "id": sid,
+        "r": r,
+        "fail": fail,
+        "err": err,
+        "dur": dur,
+        "catch": rng.random() < 0.8,
+    }
 
 
 def generate(rng: random.Random, shape: Shape | None = None) -> Program:
@@ -134,9 +142,16 @@ def generate(rng: random.Random, shape: Shape | None = None) -> Program:
             ops.append({"k": "gather", "ops": [_step(rng, sid(), quick=big) for _ in range(n)]})
         elif roll < 0.70:
             hop = shape.long_sleeps and rng.random() < 0.3
-            ops.append({"k": "sleep", "s": rng.choice([150.0, 400.0]) if hop else rng.choice([0.5, 3.0, 20.0])})
+            ops.append(
+                {
+                    "k": "sleep",
+                    "s": rng.choice([150.0, 400.0]) if hop else rng.choice([0.5, 3.0, 20.0]),
+                }
+            )
         elif roll < 0.80:
-            ops.append({"k": "race", "step": _step(rng, sid()), "sleep": rng.choice([0.01, 9000.0])})
+            ops.append(
+                {"k": "race", "step": _step(rng, sid()), "sleep": rng.choice([0.01, 9000.0])}
+            )
         elif shape.hooks:
             tokens += 1
             token = f"t{tokens}"
@@ -147,9 +162,15 @@ def generate(rng: random.Random, shape: Shape | None = None) -> Program:
                 else:
                     ops.append({"k": "hook", "token": token, "n": n})
                 # before it exists (0), while the run works, or well after
-                actors.append(Actor(at=rng.choice([0.0, 1.0, 5.0, 40.0, 300.0]), kind="resume", token=token, n=n))
+                actors.append(
+                    Actor(
+                        at=rng.choice([0.0, 1.0, 5.0, 40.0, 300.0]), kind="resume", token=token, n=n
+                    )
+                )
                 if rng.random() < 0.15:  # a duplicate resume of the same payload
-                    actors.append(Actor(at=rng.choice([0.5, 60.0]), kind="resume", token=token, n=n))
+                    actors.append(
+                        Actor(at=rng.choice([0.5, 60.0]), kind="resume", token=token, n=n)
+                    )
     if shape.actors:
         if rng.random() < 0.2:
             actors.append(Actor(at=rng.choice([0.5, 10.0, 100.0]), kind="wake_up"))
@@ -184,7 +205,12 @@ def expected(program: Program) -> tuple[str, Any]:
             out.append(f"ok:{op['id']}" if kind == "ok" else f"failed:{err}")
         elif k == "gather":
             out.append(
-                [f"ok:{c['id']}" if _step_result(c)[0] == "ok" else f"failed:{_step_result(c)[1]}" for c in op["ops"]]
+                [
+                    f"ok:{c['id']}"
+                    if _step_result(c)[0] == "ok"
+                    else f"failed:{_step_result(c)[1]}"
+                    for c in op["ops"]
+                ]
             )
         elif k in ("sleep", "race", "race_hook"):
             out.append(None)
@@ -219,7 +245,9 @@ def build(app: Workflows, ledger: Ledger, clock_now: Any) -> None:
 
     async def body(op: Op) -> str:
         md = step_metadata()
-        entry = BodyRun(md.run_id, md.step_id, op["id"], md.attempt, current_process.get(), clock_now())
+        entry = BodyRun(
+            md.run_id, md.step_id, op["id"], md.attempt, current_process.get(), clock_now()
+        )
         ledger.bodies.append(entry)
         try:
             if op["dur"]:
@@ -264,12 +292,18 @@ def build(app: Workflows, ledger: Ledger, clock_now: Any) -> None:
                 got = await Payload.wait(token=op["token"])
                 out.append(None if got is None else got.v)
             elif k == "race":
-                racers = [asyncio.ensure_future(call(op["step"], True)), asyncio.ensure_future(sleep(op["sleep"]))]
+                racers = [
+                    asyncio.ensure_future(call(op["step"], True)),
+                    asyncio.ensure_future(sleep(op["sleep"])),
+                ]
                 await asyncio.wait(racers, return_when=asyncio.FIRST_COMPLETED)
                 out.append(None)
             elif k == "race_hook":
                 hook = asyncio.ensure_future(Payload.wait(token=op["token"]))
-                await asyncio.wait([hook, asyncio.ensure_future(sleep(op["sleep"]))], return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait(
+                    [hook, asyncio.ensure_future(sleep(op["sleep"]))],
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
                 out.append(None)
         return out
 
