@@ -1,0 +1,36 @@
+"""Deterministic simulation of treadle's orchestrator: seeded schedules, faults, invariants.
+
+The real orchestrator, step handler and queue rules (``treadle.orchestrator``
+on a ``treadle.testing.memory`` World) run on one asyncio event loop with
+virtual time; every choice (interleaving, queue order, ids, faults, when outside
+actors act) comes from PRNG streams derived from one seed, so a seed replays
+exactly. After each seed the invariants of DESIGN.md section 10 are checked.
+
+Run it::
+
+    python -m treadle.testing.simulation --seeds 200        # soak
+    python -m treadle.testing.simulation --seed 17 --shrink # replay one, smaller
+
+or from code (a test of your own)::
+
+    from treadle.testing.simulation import Config, FaultPlan, simulate
+
+    report = simulate(17, Config(runs=2, plan=FaultPlan.parse("kill=0.01,budget=4")))
+    assert report.ok, [str(v) for v in report.violations] + [report.replay_command()]
+
+Modules: ``loop`` (virtual time, interleavings, watchdog, ``SimClock``),
+``workload`` (program grammar, generator, the real workflow and steps, the body
+ledger), ``faults`` (plans and the injector), ``processes`` (worker processes
+that die and stall), ``invariants``, ``runner`` (``simulate``), ``shrink``,
+``__main__`` (the CLI). Your own workflows can run on the same loop and World:
+``loop.run(main, rng=random.Random(seed))`` with ``treadle.clock.use(SimClock(...))``
+and a ``MemoryWorld``.
+"""
+
+from treadle.testing.simulation.faults import KINDS, FaultPlan
+from treadle.testing.simulation.invariants import Violation
+from treadle.testing.simulation.runner import Config, Report, simulate
+from treadle.testing.simulation.shrink import shrink
+from treadle.testing.simulation.workload import Shape
+
+__all__ = ["KINDS", "Config", "FaultPlan", "Report", "Shape", "Violation", "shrink", "simulate"]

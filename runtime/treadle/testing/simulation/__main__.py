@@ -1,0 +1,115 @@
+"""``python -m treadle.testing.simulation``: soak many seeds, or replay one verbosely.
+
+    python -m treadle.testing.simulation --seeds 200 [--start 0]   # soak
+    python -m treadle.testing.simulation --seed 17 [--plan 'kill=0.01,budget=4'] [--shrink]
+
+A soak prints one line per failing seed (with its replay command) and then
+runs/s, simulated seconds, faults injected by kind, deliveries and handoffs,
+and the violations by kind; it exits 1 when any seed failed. A replay prints
+the programs, the plan, every fault and step body, and each violation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import logging
+import sys
+import time
+
+from treadle.testing.simulation import workload
+from treadle.testing.simulation.faults import FaultPlan
+from treadle.testing.simulation.runner import Config, Report, simulate
+from treadle.testing.simulation.shrink import shrink
+
+
+def _config(args: argparse.Namespace) -> Config:
+    shape = workload.Shape(max_ops=args.ops)
+    plan = FaultPlan.parse(args.plan) if args.plan is not None else None
+    return Config(runs=args.runs, processes=args.processes, shape=shape, plan=plan)
+
+
+def _replay(seed: int, args: argparse.Namespace) -> int:
+    if args.verbose:
+        logging.basicConfig(level=logging.INFO, format="%(name)s %(levelname)s %(message)s")
+    report = simulate(seed, _config(args))
+    if args.shrink and not report.ok:
+        report = shrink(report, on_step=lambda r: print(f"shrunk: {r.replay_command()}"))
+    print(
+        f"seed {seed}: plan {report.plan}; {report.runs} runs, {report.sim_seconds:.0f} simulated s in {report.real_seconds:.2f} s"
+    )
+    for i, program in enumerate(report.programs):
+        print(f"program {i}: {json.dumps(program.ops)}")
+        print(f"  actors: {[(a.at, a.kind, a.token, a.n) for a in program.actors]}")
+    for line in report.trace:
+        print(f"  {line}")
+    print(
+        f"faults: {dict(report.faults)}; deliveries per run: {report.deliveries}; handoffs: {report.handoffs}"
+    )
+    for v in report.violations:
+        print(f"VIOLATION {v}")
+    if not report.ok:
+        print(f"replay: {report.replay_command()}")
+    return 0 if report.ok else 1
+
+
+def _soak(args: argparse.Namespace) -> int:
+    config = _config(args)
+    t0 = time.monotonic()
+    faults: collections.Counter[str] = collections.Counter()
+    kinds: collections.Counter[str] = collections.Counter()
+    runs = deliveries = handoffs = 0
+    sim_seconds = 0.0
+    failed: list[Report] = []
+    for seed in range(args.start, args.start + args.seeds):
+        report = simulate(seed, config)
+        runs += report.runs
+        sim_seconds += report.sim_seconds
+        faults.update(report.faults)
+        deliveries += sum(report.deliveries.values())
+        handoffs += report.handoffs
+        if not report.ok:
+            failed.append(report)
+            kinds.update({v.kind for v in report.violations})
+            print(
+                f"FAIL seed {seed}: {report.violations[0]}  ({len(report.violations)} violations)"
+            )
+            print(f"  replay: {report.replay_command()}")
+            sys.stdout.flush()
+    took = time.monotonic() - t0
+    print(
+        f"{args.seeds} seeds, {runs} runs in {took:.1f} s ({runs / took:.1f} runs/s), "
+        f"{sim_seconds:.0f} simulated s; {deliveries} deliveries, {handoffs} handoffs"
+    )
+    print(f"faults injected: {dict(sorted(faults.items()))} (total {sum(faults.values())})")
+    print(f"failing seeds: {len(failed)}; violations by kind: {dict(kinds)}")
+    return 1 if failed else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m treadle.testing.simulation", description=__doc__.split("\n")[0]
+    )
+    p.add_argument("--seeds", type=int, help="soak: run this many seeds")
+    p.add_argument("--start", type=int, default=0, help="first seed of a soak")
+    p.add_argument("--seed", type=int, help="replay one seed, verbosely")
+    p.add_argument("--plan", help="fault plan, e.g. 'kill=0.01,stall=0.004,budget=6' or 'none'")
+    p.add_argument("--runs", type=int, default=Config.runs, help="runs per seed")
+    p.add_argument("--processes", type=int, default=Config.processes, help="worker processes")
+    p.add_argument(
+        "--ops", type=int, default=workload.Shape.max_ops, help="most operations per program"
+    )
+    p.add_argument("--shrink", action="store_true", help="shrink a failing --seed")
+    p.add_argument("-v", "--verbose", action="store_true", help="engine logs (INFO)")
+    args = p.parse_args(argv)
+    if args.seed is not None:
+        return _replay(args.seed, args)
+    if args.seeds is not None:
+        return _soak(args)
+    p.error("give --seeds N or --seed S")
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,158 @@
+"""Fault plans: which faults a seed injects, at which named points, how often.
+
+A ``FaultPlan`` gives each fault kind a rate (the chance it fires at one call
+of a point where it applies) and a budget; ``Injector.choose`` is asked at every
+intercepted World call of a simulated process and draws from the seeded PRNG.
+Kinds (the seeds' edge cases, DESIGN.md section 10):
+
+- ``storage_error`` / ``queue_error``: the call raises before doing anything;
+- ``fail_after``: the write commits, then the call raises (an unknown outcome);
+- ``kill``: the process dies at this await point (state gone, leases lapse);
+- ``lost_wake``: the process dies at a send, after the commit that owed it;
+- ``stall``: the process stops past its lease, then resumes (stale, running);
+- ``duplicate``: the delivery's lease is forced to lapse (a second delivery);
+- ``fence``: like ``duplicate``, at an in-band write, so the write goes stale;
+- ``feed_drop``: the run's live subscriptions fail.
+
+``FaultPlan.parse("kill=0.01,stall=0.004")`` and ``str(plan)`` round-trip, so a
+shrunk plan goes into the one-line replay command. Used by the runner and
+``processes.ProcessInterceptor``.
+"""
+
+from __future__ import annotations
+
+import collections
+import random
+from dataclasses import dataclass, field
+
+KINDS = (
+    "storage_error",
+    "queue_error",
+    "fail_after",
+    "kill",
+    "lost_wake",
+    "stall",
+    "duplicate",
+    "fence",
+    "feed_drop",
+)
+
+STORAGE_POINTS = frozenset(
+    {"runs.get", "runs.list", "events.list", "steps.list", "steps.get", "hooks.get_by_token"}
+)
+WRITE_POINTS = frozenset({"runs.create", "events.create", "events.create_batch"})
+
+# Which kinds apply at which point.
+_APPLIES: dict[str, tuple[str, ...]] = {
+    "storage": ("storage_error", "kill", "stall", "feed_drop"),
+    "write": ("storage_error", "fail_after", "kill", "stall", "fence", "feed_drop"),
+    "queue.send": ("queue_error", "fail_after", "lost_wake"),
+    "queue.settle": ("queue_error", "kill", "stall"),
+    "queue.renew": ("queue_error", "stall", "duplicate"),
+    "queue.deliver": ("kill", "duplicate"),
+}
+
+DEFAULT_RATES = {
+    "storage_error": 0.01,
+    "queue_error": 0.01,
+    "fail_after": 0.01,
+    "kill": 0.004,
+    "lost_wake": 0.004,
+    "stall": 0.003,
+    "duplicate": 0.01,
+    "fence": 0.006,
+    "feed_drop": 0.005,
+}
+
+
+def applicable(point: str) -> tuple[str, ...]:
+    if point in WRITE_POINTS:
+        return _APPLIES["write"]
+    if point in STORAGE_POINTS:
+        return _APPLIES["storage"]
+    return _APPLIES.get(point, ())
+
+
+@dataclass
+class FaultPlan:
+    """Rates per kind, a budget of faults, and the virtual time after which none fire."""
+
+    rates: dict[str, float] = field(default_factory=dict)
+    budget: int = 12
+    quiet_after: float = 2000.0
+
+    @classmethod
+    def none(cls) -> FaultPlan:
+        return cls({}, budget=0)
+
+    @classmethod
+    def draw(cls, rng: random.Random, kinds: tuple[str, ...] = KINDS) -> FaultPlan:
+        """A seed's plan: each kind on with probability 1/2, at 0.5-2x its default rate."""
+        rates = {
+            k: DEFAULT_RATES[k] * rng.choice([0.5, 1.0, 2.0]) for k in kinds if rng.random() < 0.5
+        }
+        return cls(rates, budget=rng.choice([4, 8, 12, 20]))
+
+    @classmethod
+    def parse(cls, text: str) -> FaultPlan:
+        """``"kill=0.01,stall=0.004,budget=6"`` (``none`` for no faults)."""
+        plan = cls({}, budget=12)
+        if text.strip() in ("", "none"):
+            return cls.none()
+        for part in text.split(","):
+            name, _, value = part.partition("=")
+            name = name.strip()
+            if name == "budget":
+                plan.budget = int(value)
+            elif name == "quiet_after":
+                plan.quiet_after = float(value)
+            elif name in KINDS:
+                plan.rates[name] = float(value) if value else DEFAULT_RATES[name]
+            else:
+                raise ValueError(f"unknown fault kind {name!r} (known: {', '.join(KINDS)})")
+        return plan
+
+    def __str__(self) -> str:
+        if not self.rates or self.budget == 0:
+            return "none"
+        parts = [f"{k}={v:g}" for k, v in sorted(self.rates.items())]
+        return ",".join([*parts, f"budget={self.budget}"])
+
+    def without(self, kind: str) -> FaultPlan:
+        return FaultPlan(
+            {k: v for k, v in self.rates.items() if k != kind}, self.budget, self.quiet_after
+        )
+
+
+@dataclass
+class Injected:
+    """One fault that fired (for the report and the verbose replay)."""
+
+    at: float
+    kind: str
+    point: str
+    run_id: str | None
+    process: str
+
+
+class Injector:
+    """Draws faults from a plan, counts and records them."""
+
+    def __init__(self, plan: FaultPlan, rng: random.Random) -> None:
+        self.plan = plan
+        self.rng = rng
+        self.counts: collections.Counter[str] = collections.Counter()
+        self.log: list[Injected] = []
+        self.left = plan.budget
+
+    def choose(self, point: str, run_id: str | None, process: str, now: float) -> str | None:
+        if self.left <= 0 or now >= self.plan.quiet_after:
+            return None
+        for kind in applicable(point):
+            rate = self.plan.rates.get(kind, 0.0)
+            if rate and self.rng.random() < rate:
+                self.left -= 1
+                self.counts[kind] += 1
+                self.log.append(Injected(now, kind, point, run_id, process))
+                return kind
+        return None

@@ -1,0 +1,210 @@
+"""The invariants checked after every simulated run (DESIGN.md section 10).
+
+``check(outcome)`` takes what one run left behind (its record, its whole log,
+its program, the step-body ledger, the faults that touched it, queue counters)
+and returns ``Violation`` objects, each naming its kind:
+
+- ``log``: ``treadle.world.logcheck`` (dense slots, one terminal event, at most
+  one outcome per step, one completion per wait, the fence's arithmetic);
+- ``never_ended``: the run is not terminal by the virtual-time bound;
+- ``output``: output (or error type) differs from the program's fault-free
+  result (``workload.expected``), or a step's outcome differs from its expected;
+- ``overlap``: a step body ran concurrently with itself;
+- ``at_most_once``: a ``max_retries=0`` body started twice under one live owner;
+- ``exhausted_unrun``: a step failed as exhausted while an attempt still ran or
+  before any ran;
+- ``cancelled_body``: a step body cancelled although its process did not die;
+- ``deliveries`` / ``handoffs``: more than the bound for the run's size.
+
+Checks that faults legitimately change (a killed owner may leave a
+``max_retries=0`` step exhausted; a stale owner's body may overlap its
+successor's) are skipped for a run that lost an owner while it was active
+(``RunOutcome.tainted``). ``loop_held`` is raised by the runner itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from treadle import serde
+from treadle.sdk import functions
+from treadle.testing.simulation.loop import EPOCH
+from treadle.testing.simulation.workload import BodyRun, Program, expected, outcomes_expected
+from treadle.world import events, logcheck, records
+
+
+@dataclass
+class Violation:
+    kind: str
+    run_id: str | None
+    detail: str
+
+    def __str__(self) -> str:
+        return f"[{self.kind}] run {self.run_id}: {self.detail}"
+
+
+@dataclass
+class RunOutcome:
+    """Everything one run left behind, collected by the runner after the simulation."""
+
+    run_id: str
+    program: Program
+    record: records.RunRecord | None
+    log: list[events.LoggedEvent]
+    bodies: list[BodyRun]
+    tainted: bool
+    cancelled_by_actor: bool
+    deliveries: int = 0
+    handoffs: int = 0
+    dead_processes: set[str] = field(default_factory=set)
+
+
+def _vt(e: events.LoggedEvent) -> float:
+    return e.created_at.timestamp() - EPOCH
+
+
+def _op_ids(log: list[events.LoggedEvent]) -> dict[str, str]:
+    """Correlation id -> op id, from the inputs of step creations and inline starts."""
+    found: dict[str, str] = {}
+    for e in log:
+        data: Any = getattr(e.event, "input", None)
+        if e.correlation_id and data is not None and e.correlation_id not in found:
+            try:
+                args, _ = functions.decode_arguments(data)
+                op = args[0] if args else None
+                if isinstance(op, dict) and "id" in op:
+                    found[e.correlation_id] = str(op["id"])
+            except Exception:  # noqa: BLE001 - an undecodable input names no op
+                continue
+    return found
+
+
+def check(o: RunOutcome) -> list[Violation]:
+    out: list[Violation] = []
+    rid = o.run_id
+    if o.record is None:
+        return [Violation("never_ended", rid, "the run was never recorded")]
+    out += [Violation("log", rid, p) for p in logcheck.problems(o.record, o.log)]
+    if not o.record.is_terminal:
+        out.append(Violation("never_ended", rid, f"still {o.record.status} at the bound"))
+    race_ids = {op["step"]["id"] for op in o.program.ops if op["k"] == "race"}
+    out += _check_output(o, race_ids)
+    out += _check_bodies(o, race_ids)
+    steps = len(outcomes_expected(o.program)) + len(race_ids)
+    if o.deliveries > 80 + 6 * steps:
+        out.append(Violation("deliveries", rid, f"{o.deliveries} deliveries for {steps} steps"))
+    if o.handoffs > 20 + 2 * steps:
+        out.append(Violation("handoffs", rid, f"{o.handoffs} handoffs for {steps} steps"))
+    return out
+
+
+def _check_output(o: RunOutcome, race_ids: set[str]) -> list[Violation]:
+    rec = o.record
+    assert rec is not None
+    if o.tainted or o.cancelled_by_actor or not rec.is_terminal:
+        return []
+    out: list[Violation] = []
+    status, value = expected(o.program)
+    got: Any = serde.decode(rec.output) if rec.status == "completed" else None
+    got_err = rec.error.type if rec.error is not None else None
+    if rec.status != status:
+        out.append(
+            Violation(
+                "output",
+                o.run_id,
+                f"{rec.status} ({got_err}), expected {status} ({value if status != 'completed' else '...'})",
+            )
+        )
+    elif status == "completed" and got != value:
+        out.append(Violation("output", o.run_id, f"output {got!r}, expected {value!r}"))
+    want = outcomes_expected(o.program)
+    ids = _op_ids(o.log)
+    for e in o.log:
+        if e.type in events.STEP_OUTCOME_TYPES and e.correlation_id in ids:
+            op = ids[e.correlation_id]
+            kind = "completed" if e.type == "step_completed" else "failed"
+            if op in want and want[op] != kind:
+                out.append(
+                    Violation(
+                        "output",
+                        o.run_id,
+                        f"step {op} {kind} at slot {e.slot}, expected {want[op]}",
+                    )
+                )
+    return out
+
+
+def _check_bodies(o: RunOutcome, race_ids: set[str]) -> list[Violation]:
+    out: list[Violation] = []
+    rid = o.run_id
+    by_step: dict[str, list[BodyRun]] = {}
+    for b in o.bodies:
+        by_step.setdefault(b.step_id, []).append(b)
+    retries = {}
+    for op in o.program.ops:
+        for c in (
+            [op]
+            if op["k"] == "step"
+            else op.get("ops", []) or ([op["step"]] if op["k"] == "race" else [])
+        ):
+            retries[c["id"]] = c["r"]
+    for step_id, runs in by_step.items():
+        runs.sort(key=lambda b: b.started)
+        op_id = runs[0].op_id
+        if not o.tainted:
+            for a, b in zip(runs, runs[1:], strict=False):
+                if a.ended is None or a.ended > b.started:
+                    out.append(
+                        Violation(
+                            "overlap",
+                            rid,
+                            f"step {op_id} ({step_id}): attempt {b.attempt} started at {b.started:.3f} in "
+                            f"{b.process} while attempt {a.attempt} (since {a.started:.3f} in {a.process}) still ran",
+                        )
+                    )
+            if retries.get(op_id) == 0 and len(runs) > 1:
+                out.append(
+                    Violation(
+                        "at_most_once",
+                        rid,
+                        f"step {op_id} (max_retries=0) started {len(runs)} times",
+                    )
+                )
+        for b in runs:
+            cancelled_legit = (
+                b.process in o.dead_processes or op_id in race_ids or o.cancelled_by_actor
+            )
+            if b.how == "cancelled" and not cancelled_legit:
+                out.append(
+                    Violation(
+                        "cancelled_body",
+                        rid,
+                        f"step {op_id} attempt {b.attempt} cancelled at {b.ended} in {b.process}, which did not die",
+                    )
+                )
+    for e in o.log:
+        err = getattr(e.event, "error", None)
+        if e.type != "step_failed" or err is None or err.type != "StepAttemptsExhausted":
+            continue
+        runs = by_step.get(e.correlation_id or "", [])
+        t = _vt(e)
+        if not runs:
+            out.append(
+                Violation(
+                    "exhausted_unrun",
+                    rid,
+                    f"step {e.correlation_id} failed as exhausted at slot {e.slot} but its body never ran",
+                )
+            )
+        elif not o.tainted:
+            for b in runs:
+                if b.started <= t and (b.ended is None or b.ended > t):
+                    out.append(
+                        Violation(
+                            "exhausted_unrun",
+                            rid,
+                            f"step {b.op_id} failed as exhausted at {t:.3f} (slot {e.slot}) while attempt {b.attempt} still ran in {b.process}",
+                        )
+                    )
+    return out

@@ -1,0 +1,169 @@
+"""Simulated worker processes: a real Runtime + Worker each, that can die or stall.
+
+A ``Process`` is one worker: its own ``MemoryWorld`` view over the shared
+``MemoryBackend`` (so its own interceptor), a real
+``treadle.orchestrator.runtime.Runtime`` and ``Worker``, and every task it
+spawned (recorded through the loop's task factory, by the ``current_process``
+context variable every task of the process inherits). ``kill()`` marks it dead
+(its interceptor raises ``ProcessKilled`` from then on, so no cleanup write
+escapes), abandons its deliveries (``consumer.kill()``: their leases lapse and
+they come back) and cancels its tasks. ``stall(seconds)`` blocks every World call
+it makes until then, after its lease lapsed; it must find itself fenced.
+
+``ProcessInterceptor`` is the ``treadle.testing.memory`` interceptor of one
+process: it applies death and stalls, then asks the ``faults.Injector`` what to
+do at this point. Used by the runner.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+from collections.abc import Callable
+from typing import Any, Literal
+
+from treadle import errors
+from treadle.client import Workflows
+from treadle.orchestrator.worker import Worker
+from treadle.testing.simulation import faults
+from treadle.testing.simulation.workload import current_process
+
+log = logging.getLogger("treadle.testing.simulation")
+
+Interference = Literal["proceed", "lose", "fail_after"]
+
+
+class ProcessKilled(BaseException):
+    """Raised inside a killed simulated process at its next World call (never caught)."""
+
+
+class Process:
+    """One simulated worker process."""
+
+    def __init__(self, name: str, sim: Any) -> None:
+        self.name = name
+        self.sim = sim  # the runner's Simulation (backend, injector, loop, settings)
+        self.dead = False
+        self.stalled_until: float | None = None
+        self._unstalled = asyncio.Event()
+        self._unstalled.set()
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self.context = contextvars.copy_context()
+        self.context.run(current_process.set, name)
+        self.interceptor = ProcessInterceptor(self)
+        self.world: Any = None
+        self.worker: Worker | None = None
+        self.killed_at: float | None = None
+        self.stalls: list[tuple[float, float]] = []
+
+    def adopt(self, task: asyncio.Task[Any]) -> None:
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def start(self, app: Workflows) -> None:
+        from treadle.testing.memory import MemoryWorld
+
+        self.world = MemoryWorld(self.sim.backend, interceptor=self.interceptor)
+        worker = Worker(app.runtime(self.world), role="all", concurrency=self.sim.concurrency)
+        self.worker = worker
+        task = asyncio.get_running_loop().create_task(worker.start(), context=self.context)
+        await asyncio.wait([task])
+        task.result()
+
+    def kill(self, now: float) -> None:
+        if self.dead:
+            return
+        self.dead = True
+        self.killed_at = now
+        log.info("process %s killed at %.3f", self.name, now)
+        consumer = getattr(self.worker, "_consumer", None)
+        kill = getattr(consumer, "kill", None)
+        if kill is not None:
+            kill()
+        current = asyncio.current_task()
+        for task in list(self.tasks):
+            if task is not current and not task.done():
+                task.cancel()
+        self._unstalled.set()
+
+    def stall(self, now: float, seconds: float) -> None:
+        if self.dead or self.stalled_until is not None:
+            return
+        self.stalled_until = now + seconds
+        self.stalls.append((now, now + seconds))
+        self._unstalled.clear()
+        log.info("process %s stalled at %.3f for %.1f s", self.name, now, seconds)
+        asyncio.get_running_loop().call_later(seconds, self._resume)
+
+    def _resume(self) -> None:
+        self.stalled_until = None
+        self._unstalled.set()
+
+    def lost_ownership(self, start: float, end: float | None) -> bool:
+        """Was this process dead or stalled at some point of [start, end]?"""
+        stop = float("inf") if end is None else end
+        if self.killed_at is not None and self.killed_at <= stop:
+            return True
+        return any(s <= stop and e >= start for s, e in self.stalls)
+
+
+class ProcessInterceptor:
+    """The fault point of one process: death, stalls, then the injector's draw."""
+
+    def __init__(self, process: Process) -> None:
+        self.process = process
+
+    async def before(self, point: str, run_id: str | None) -> Interference:
+        proc = self.process
+        if proc.dead:
+            raise ProcessKilled(proc.name)
+        if proc.stalled_until is not None:
+            await proc._unstalled.wait()
+            if proc.dead:
+                raise ProcessKilled(proc.name)
+        sim = proc.sim
+        now = asyncio.get_running_loop().time()
+        kind = sim.injector.choose(point, run_id, proc.name, now)
+        if kind is None:
+            return "proceed"
+        if kind == "stall":
+            proc.stall(now, sim.stall_seconds())
+            await proc._unstalled.wait()  # this very call waits out the stall
+            if proc.dead:
+                raise ProcessKilled(proc.name)
+            return "proceed"
+        return self._apply(kind, point, run_id, now)
+
+    def _apply(self, kind: str, point: str, run_id: str | None, now: float) -> Interference:
+        proc, sim = self.process, self.process.sim
+        if kind in ("kill", "lost_wake"):
+            sim.on_kill(proc)
+            raise ProcessKilled(proc.name)
+        if kind == "storage_error":
+            raise errors.StorageUnavailable(f"simulated storage failure at {point}")
+        if kind == "queue_error":
+            raise ConnectionError(f"simulated queue failure at {point}")
+        if kind == "fail_after":
+            return "fail_after"
+        if kind in ("duplicate", "fence"):
+            sim.force_lapse(run_id, proc)
+            return "proceed"
+        if kind == "feed_drop":
+            sim.backend.drop_feeds(run_id)
+            return "proceed"
+        return "proceed"
+
+
+TaskRecorder = Callable[[asyncio.Task[Any]], None]
+
+
+def task_recorder(processes: dict[str, Process]) -> TaskRecorder:
+    """The loop's ``on_task``: file every task under the process that spawned it."""
+
+    def record(task: asyncio.Task[Any]) -> None:
+        name = task.get_context().get(current_process)
+        if name is not None and name in processes:
+            processes[name].adopt(task)
+
+    return record

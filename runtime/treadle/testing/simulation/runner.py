@@ -1,0 +1,271 @@
+"""One simulated seed: processes, runs, outside actors, faults, then the invariants.
+
+``simulate(seed, config)`` builds everything from the seed (programs, fault
+plan, schedule, ids, queue choices: each from its own PRNG stream derived from
+the seed, so shrinking the program does not reshuffle the schedule's draws),
+runs it on a fresh ``SimLoop`` under ``treadle.clock.use(SimClock)``, and returns
+a ``Report``: runs, simulated seconds, faults by kind, deliveries and handoffs
+per run, violations, and a trace whose equality across two runs of one seed is
+the determinism check. Used by ``__main__``, ``shrink`` and the tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from treadle import clock, errors, settings
+from treadle.client import Workflows
+from treadle.testing.simulation import invariants, loop, workload
+from treadle.testing.simulation.faults import FaultPlan, Injector
+from treadle.testing.simulation.processes import Process, task_recorder
+from treadle.world import contract
+
+log = logging.getLogger("treadle.testing.simulation")
+
+SETTINGS: dict[str, Any] = {
+    "WORKFLOW_ORCHESTRATOR_LINGER_MS": 3000,
+    "WORKFLOW_ORCHESTRATOR_POLL_INTERVAL_MS": 500,
+    "WORKFLOW_ORCHESTRATOR_FEED_POLL_INTERVAL_MS": 2000,
+    "WORKFLOW_V2_TIMEOUT_MS": 30000,
+    "WORKFLOW_INLINE_STEP_DEADLINE_MARGIN_MS": 5000,
+    "WORKFLOW_STEP_RETRY_DELAY_SECONDS": 0.5,
+    "WORKFLOW_WAIT_CONTINUATION_MAX_DELAY_SECONDS": 120,
+    "TREADLE_DEPLOYMENT_ID": "sim",
+}
+TUNING = contract.QueueTuning(lease_seconds=10.0, backoff_base_seconds=0.5, backoff_max_seconds=8.0)
+
+
+@dataclass
+class Config:
+    runs: int = 3
+    processes: int = 2
+    shape: workload.Shape = field(default_factory=workload.Shape)
+    plan: FaultPlan | None = None  # None: drawn from the seed
+    interleave: bool = True
+    horizon: float = 6000.0  # virtual seconds every run must end within
+    watchdog_seconds: float = 10.0
+
+
+@dataclass
+class Report:
+    seed: int
+    plan: FaultPlan
+    config: Config
+    runs: int = 0
+    sim_seconds: float = 0.0
+    real_seconds: float = 0.0
+    faults: collections.Counter[str] = field(default_factory=collections.Counter)
+    deliveries: dict[str, int] = field(default_factory=dict)
+    handoffs: int = 0
+    violations: list[invariants.Violation] = field(default_factory=list)
+    trace: list[str] = field(default_factory=list)
+    programs: list[workload.Program] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    def replay_command(self) -> str:
+        c = self.config
+        parts = [
+            f"python -m treadle.testing.simulation --seed {self.seed}",
+            f"--plan '{self.plan}'",
+        ]
+        if c.runs != Config.runs:
+            parts.append(f"--runs {c.runs}")
+        if c.shape.max_ops != workload.Shape.max_ops:
+            parts.append(f"--ops {c.shape.max_ops}")
+        return " ".join(parts)
+
+
+class Simulation:
+    """The state of one seed's simulation while it runs."""
+
+    def __init__(self, seed: int, config: Config, plan: FaultPlan) -> None:
+        self.seed = seed
+        self.config = config
+        self.rng = random.Random(f"{seed}/actors")
+        self.injector = Injector(plan, random.Random(f"{seed}/faults"))
+        self.processes: dict[str, Process] = {}
+        self.ledger = workload.Ledger()
+        self.concurrency = 8
+        self.backend: Any = None
+        self.app: Workflows | None = None
+        self.started: dict[str, float] = {}
+        self.ended: dict[str, float] = {}
+        self.cancelled: set[str] = set()
+        self.ownership_lost: list[tuple[float, str | None]] = []  # (time, run or None = all)
+        self._spawned = 0
+        self._background: set[asyncio.Task[Any]] = set()
+
+    def now(self) -> float:
+        return asyncio.get_running_loop().time()
+
+    def stall_seconds(self) -> float:
+        return TUNING.lease_seconds * self.rng.choice([1.5, 2.0, 3.0])
+
+    def on_kill(self, proc: Process) -> None:
+        proc.kill(self.now())
+        self.ownership_lost.append((self.now(), None))
+        if sum(not p.dead for p in self.processes.values()) == 0 or self.rng.random() < 0.7:
+            self._spawn_later(self.rng.choice([0.5, 5.0, 20.0]))
+
+    def force_lapse(self, run_id: str | None, proc: Process) -> None:
+        if run_id is None:
+            return
+        for item in self.backend.in_flight():
+            if getattr(item, "run_id", None) == run_id:
+                if self.backend.force_lease_lapse(item.message_id):
+                    self.ownership_lost.append((self.now(), run_id))
+                return
+
+    def _spawn_later(self, delay: float) -> None:
+        async def spawn() -> None:
+            await asyncio.sleep(delay)
+            await self.spawn()
+
+        self._keep(spawn())
+
+    def _keep(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def spawn(self) -> Process:
+        self._spawned += 1
+        proc = Process(f"p{self._spawned}", self)
+        self.processes[proc.name] = proc
+        assert self.app is not None
+        await proc.start(self.app)
+        return proc
+
+    # -- outside actors -------------------------------------------------------------------
+
+    async def act(self, run: Any, actor: workload.Actor) -> None:
+        await asyncio.sleep(actor.at)
+        assert self.app is not None
+        for _ in range(200):
+            if run.run_id in self.ended:
+                return
+            try:
+                if actor.kind == "resume":
+                    assert actor.token is not None
+                    await self.app.resume_hook(actor.token, workload.payload_of(actor))
+                elif actor.kind == "cancel":
+                    self.cancelled.add(run.run_id)
+                    await run.cancel("simulated cancel")
+                elif actor.kind == "wake_up":
+                    await run.wake_up()
+                return
+            except (errors.HookNotFound, errors.RunExpired):
+                await asyncio.sleep(self.rng.choice([0.5, 2.0, 10.0]))
+
+    async def watch(self, run_id: str, world: contract.World) -> None:
+        while True:
+            rec = await world.runs.get(run_id)
+            if rec.is_terminal:
+                self.ended[run_id] = self.now()
+                return
+            await asyncio.sleep(1.0)
+
+
+def simulate(seed: int, config: Config | None = None) -> Report:
+    """Run one seed and check every invariant; never raises for a violation."""
+    config = config or Config()
+    plan = config.plan if config.plan is not None else FaultPlan.draw(random.Random(f"{seed}/plan"))
+    report = Report(seed, plan, config)
+    prog_rng = random.Random(f"{seed}/program")
+    report.programs = [workload.generate(prog_rng, config.shape) for _ in range(config.runs)]
+    sim = Simulation(seed, config, plan)
+    t0 = time.monotonic()
+    try:
+        outcomes = loop.run(
+            lambda: _main(sim, report),
+            rng=random.Random(f"{seed}/schedule"),
+            interleave=config.interleave,
+            on_task=task_recorder(sim.processes),
+            watchdog_seconds=config.watchdog_seconds,
+        )
+    except loop.LoopHeld as held:
+        report.violations.append(invariants.Violation("loop_held", None, str(held)))
+        outcomes = []
+    report.real_seconds = time.monotonic() - t0
+    report.faults = sim.injector.counts
+    for o in outcomes:
+        report.violations += invariants.check(o)
+        report.deliveries[o.run_id] = o.deliveries
+        report.handoffs += o.handoffs
+    report.trace += [
+        f"fault {f.at:.6f} {f.kind} {f.point} {f.run_id} {f.process}" for f in sim.injector.log
+    ]
+    report.trace += [
+        f"body {b.run_id} {b.op_id} {b.attempt} {b.process} {b.started:.6f} {b.ended} {b.how}"
+        for b in sim.ledger.bodies
+    ]
+    return report
+
+
+async def _main(sim: Simulation, report: Report) -> list[invariants.RunOutcome]:
+    from treadle.testing.memory import MemoryBackend, MemoryWorld
+
+    ev_loop = asyncio.get_running_loop()
+    assert isinstance(ev_loop, loop.SimLoop)
+    with clock.use(loop.SimClock(ev_loop, random.Random(f"{sim.seed}/bytes"))):
+        sim.backend = MemoryBackend(tuning=TUNING, rng=random.Random(f"{sim.seed}/queue"))
+        client = MemoryWorld(sim.backend)
+        app = Workflows(world=client, worker=False, settings_=settings.load({}, **SETTINGS))
+        workload.build(app, sim.ledger, ev_loop.time)
+        sim.app = app
+        for _ in range(sim.config.processes):
+            await sim.spawn()
+        runs = []
+        for program in report.programs:
+            run = await app.start("sim_program", program.ops)
+            runs.append(run)
+            sim.started[run.run_id] = sim.now()
+            sim._keep(sim.watch(run.run_id, client))
+            for actor in program.actors:
+                sim._keep(sim.act(run, actor))
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(sim.config.horizon):
+                while len(sim.ended) < len(runs):
+                    await asyncio.sleep(5.0)
+        await asyncio.sleep(30.0)  # late writes of the last deliveries land
+        report.runs = len(runs)
+        report.sim_seconds = sim.now()
+        out = [
+            await _collect(sim, client, run.run_id, program)
+            for run, program in zip(runs, report.programs, strict=True)
+        ]
+        for proc in sim.processes.values():
+            proc.kill(sim.now())
+        return out
+
+
+async def _collect(
+    sim: Simulation, world: contract.World, run_id: str, program: workload.Program
+) -> invariants.RunOutcome:
+    rec = await world.runs.get(run_id)
+    start, end = sim.started.get(run_id, 0.0), sim.ended.get(run_id, float("inf"))
+    tainted = any(start <= t <= end and r in (None, run_id) for t, r in sim.ownership_lost)
+    stats = sim.backend.stats
+    per_run = getattr(stats, "per_run", {}).get(run_id)
+    return invariants.RunOutcome(
+        run_id=run_id,
+        program=program,
+        record=rec,
+        log=list(sim.backend.events_of(run_id)),
+        bodies=sim.ledger.of_run(run_id),
+        tainted=tainted,
+        cancelled_by_actor=run_id in sim.cancelled,
+        deliveries=int(getattr(per_run, "deliveries", 0)),
+        handoffs=int(getattr(per_run, "handoffs", 0)),
+        dead_processes={p.name for p in sim.processes.values() if p.dead},
+    )
