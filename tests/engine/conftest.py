@@ -28,7 +28,9 @@ TUNING = contract.QueueTuning(lease_seconds=5.0, backoff_base_seconds=0.05, back
 MakeApp = Callable[..., Workflows]
 
 
-OpenWorld = Callable[[], Awaitable[Any]]
+# ``open_world()`` opens the World under test with TUNING; ``open_world(tuning)`` with
+# another queue tuning (a short lease, for the overlap tests).
+OpenWorld = Callable[..., Awaitable[Any]]
 
 
 @pytest.fixture(params=["local", "postgres+nats"])
@@ -36,8 +38,8 @@ def open_world(request: pytest.FixtureRequest, tmp_path: Path) -> OpenWorld:
     """Opens the World under test: the local one, or Postgres + NATS on real servers."""
     if request.param == "local":
 
-        async def local() -> Any:
-            return await LocalWorld(tmp_path / "world", tuning=TUNING).open()
+        async def local(tuning: contract.QueueTuning | None = None) -> Any:
+            return await LocalWorld(tmp_path / "world", tuning=tuning or TUNING).open()
 
         return local
     from ..production.conftest import ProductionHarness
@@ -46,8 +48,8 @@ def open_world(request: pytest.FixtureRequest, tmp_path: Path) -> OpenWorld:
         request.getfixturevalue("pg_dsn"), request.getfixturevalue("nats_server").url, "local"
     )
 
-    async def production() -> Any:
-        return await harness.open(TUNING)
+    async def production(tuning: contract.QueueTuning | None = None) -> Any:
+        return await harness.open(tuning or TUNING)
 
     return production
 

@@ -1,13 +1,21 @@
 """A fault-injecting World for the edge-case tests (EDGE-CASES.md names it for A2).
 
-It wraps a real ``LocalWorld`` and forwards everything, except where a test
-arms a fault: refuse in-band writes with ``InBandSuperseded``, or fail queue
-sends with a ``ConnectionError``, for the next ``times`` calls that match. It
-also records every handler answer, so a test can assert Redeliver / Handoff.
+It wraps a real World (local, or Postgres + NATS) and forwards everything,
+except where a test arms a fault: refuse in-band writes with
+``InBandSuperseded``, fail writes with ``StorageUnavailable`` (a non-fence
+error), or fail queue sends with a ``ConnectionError``, for the next ``times``
+calls that match. It records every send, every delivery's start and every
+handler answer, so a test can count timers and assert Redeliver / Handoff; a
+test can hold a delivery at its start (``hold_deliveries``) until an
+``asyncio.Event`` is set; and ``changed()`` / ``until()`` let a test wait on
+what it recorded instead of sleeping.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
+import itertools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +36,52 @@ class Fault:
         return False
 
 
+class Signal:
+    """Set whenever something a test may wait on was recorded; ``until`` waits on it."""
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+
+    def ping(self) -> None:
+        self._event.set()
+
+    async def until(self, predicate: Callable[[], bool], timeout: float = 20.0) -> None:
+        """Return once ``predicate()`` holds, re-checked on every recording; fail at timeout."""
+        async with asyncio.timeout(timeout):
+            while not predicate():
+                self._event.clear()
+                # A recording, or a tenth of a second: a predicate may read the World too.
+                try:
+                    async with asyncio.timeout(0.1):
+                        await self._event.wait()
+                except TimeoutError:
+                    pass
+
+
+@dataclass
+class Started:
+    kind: str
+    message: Any
+    meta: messages.DeliveryMeta
+
+
+# The delivery whose handler is running (set by the spy; inline tasks inherit it).
+CURRENT: contextvars.ContextVar[Started | None] = contextvars.ContextVar("current", default=None)
+_order = itertools.count(1)
+
+
+@dataclass
+class Traced:
+    """One send or committed write, in the order the World saw them, and who made it."""
+
+    seq: int
+    what: str  # "send" or "write"
+    name: str  # the send's key (or message kind) / the event's type
+    correlation_id: str | None
+    by: Started | None
+    send: messages.Send | None = None
+
+
 @dataclass
 class Answer:
     kind: str
@@ -37,9 +91,21 @@ class Answer:
 
 
 class FaultyEvents:
-    def __init__(self, inner: contract.Events) -> None:
+    def __init__(self, inner: contract.Events, trace: list[Traced] | None = None) -> None:
         self._inner = inner
         self.refusals: list[Fault] = []
+        self.failures: list[Fault] = []
+        self.trace: list[Traced] = [] if trace is None else trace
+
+    def _traced(self, logged: Sequence[events.LoggedEvent]) -> None:
+        by = CURRENT.get()
+        for e in logged:
+            self.trace.append(Traced(next(_order), "write", e.type, e.correlation_id, by))
+
+    def fail_writes(self, times: int = 1, when: Callable[..., bool] = lambda e: True) -> None:
+        """Fail the next ``times`` writes whose (first) event matches with StorageUnavailable
+        (a non-fence error: the World committed nothing)."""
+        self.failures.append(Fault(when, times))
 
     def refuse_in_band(self, times: int = 1, when: Callable[..., bool] = lambda e: True) -> None:
         """Refuse the next ``times`` in-band writes whose (first) event matches; -1 = always."""
@@ -52,27 +118,44 @@ class FaultyEvents:
             raise errors.InBandSuperseded(
                 run_id, expected_seq_in_band=expected or 0, seq_in_band=(expected or 0) + 1
             )
+        if any(f.hit(event) for f in self.failures):
+            raise errors.StorageUnavailable(f"injected: the write of {event.type} failed")
 
     async def create(self, run_id: str, event: events.Event, **kw: Any) -> records.EventResult:
         self._refused(run_id, event, kw.get("in_band", False), kw.get("expected_seq_in_band"))
-        return await self._inner.create(run_id, event, **kw)
+        result = await self._inner.create(run_id, event, **kw)
+        self._traced([result.event])
+        return result
 
     async def create_batch(
         self, run_id: str, batch: Sequence[events.Event], **kw: Any
     ) -> records.BatchResult:
         self._refused(run_id, batch[0], kw.get("in_band", False), kw.get("expected_seq_in_band"))
-        return await self._inner.create_batch(run_id, batch, **kw)
+        result = await self._inner.create_batch(run_id, batch, **kw)
+        self._traced([i.event for i in result.items if i.event is not None])
+        return result
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 
 
 class FaultyQueue:
-    def __init__(self, inner: contract.Queue) -> None:
+    def __init__(self, inner: contract.Queue, trace: list[Traced] | None = None) -> None:
         self._inner = inner
+        self.trace: list[Traced] = [] if trace is None else trace
         self.send_faults: list[Fault] = []
         self.sent: list[messages.Send] = []
         self.answers: list[Answer] = []
+        self.started: list[Started] = []
+        self.holds: list[tuple[Callable[[Started], bool], asyncio.Event]] = []
+        self.signal = Signal()
+
+    def hold_deliveries(self, when: Callable[[Started], bool], release: asyncio.Event) -> None:
+        """Every delivery that matches waits at its start until ``release`` is set."""
+        self.holds.append((when, release))
+
+    async def until(self, predicate: Callable[[], bool], timeout: float = 20.0) -> None:
+        await self.signal.until(predicate, timeout)
 
     def fail_sends(self, times: int = 1, when: Callable[..., bool] = lambda s: True) -> None:
         self.send_faults.append(Fault(when, times))
@@ -88,6 +171,15 @@ class FaultyQueue:
             if any(f.hit(send) for f in self.send_faults):
                 raise ConnectionError(f"injected: send of {send.key or send.message.kind} failed")
         self.sent.extend(sends)
+        by = CURRENT.get()
+        for send in sends:
+            cid = getattr(send.message, "step_id", None)
+            cont = getattr(send.message, "wait_continuation", None)
+            if cont is not None:
+                cid = cont.correlation_id
+            name = send.key or send.message.kind
+            self.trace.append(Traced(next(_order), "send", name, cid, by, send))
+        self.signal.ping()
         return await self._inner.send_batch(sends)
 
     async def consume(
@@ -95,12 +187,21 @@ class FaultyQueue:
     ) -> contract.Consumer:
         def spy(kind: str, handler: contract.Handler) -> contract.Handler:
             async def recorded(message: Any, meta: messages.DeliveryMeta) -> Any:
+                started = Started(kind, message, meta)
+                CURRENT.set(started)
+                self.started.append(started)
+                self.signal.ping()
+                for when, release in self.holds:
+                    if when(started):
+                        await release.wait()
                 try:
                     result = await handler(message, meta)
                 except Exception as exc:
                     self.answers.append(Answer(kind, meta, None, exc))
+                    self.signal.ping()
                     raise
                 self.answers.append(Answer(kind, meta, result, None))
+                self.signal.ping()
                 return result
 
             return recorded
@@ -111,6 +212,16 @@ class FaultyQueue:
     def orchestrator_answers(self) -> list[Answer]:
         return [a for a in self.answers if a.kind == "orchestrator"]
 
+    def timers(self, wait_id: str | None = None) -> list[messages.Send]:
+        """The timer sends recorded (orchestrator messages with a wait continuation)."""
+        return [
+            s
+            for s in self.sent
+            if isinstance(s.message, messages.OrchestratorMessage)
+            and s.message.wait_continuation is not None
+            and (wait_id is None or s.message.wait_continuation.correlation_id == wait_id)
+        ]
+
 
 @dataclass
 class FaultyWorld:
@@ -119,8 +230,9 @@ class FaultyWorld:
 
     def __post_init__(self) -> None:
         self.capabilities = self.inner.capabilities
-        self.events = FaultyEvents(self.inner.events)
-        self.queue = FaultyQueue(self.inner.queue)
+        self.trace: list[Traced] = []
+        self.events = FaultyEvents(self.inner.events, self.trace)
+        self.queue = FaultyQueue(self.inner.queue, self.trace)
         self.runs = self.inner.runs
         self.steps = self.inner.steps
         self.hooks = self.inner.hooks

@@ -2,164 +2,320 @@
 
 Seed 003 "Lease stall overlap", "Two deliveries of one message, one dies owing
 a send", "A new wait's creator coalesced away" and "Coalesced timer losing its
-re-arm" (EDGE-CASES A1, B2, C1, C3), on the local World with a short lease.
+re-arm" (EDGE-CASES A1, B2, C1, C3; audit rows A1, B2, C1, C3), on both Worlds.
+
+A delivery is made stale the only way a live one can be: its event loop is
+blocked past the lease (``time.sleep``), so its heartbeat misses and the queue
+gives the message to the next delivery; after that the stale delivery is held
+on an ``asyncio.Event`` while the new one runs, so the two really overlap. A
+delivery that must hold its run (so that other messages coalesce into it) is
+held at its start by ``FaultyQueue.hold_deliveries``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections import Counter
-from pathlib import Path
 from typing import Any
 
-from treadle import Hook, sleep
-from treadle.world import contract, events, messages
-from treadle.worlds.local import LocalWorld
+import pytest
 
-from .conftest import MakeApp
-from .faults import FaultyWorld
+from treadle import Hook, errors, sleep
+from treadle.world import contract, events, messages
+
+from .audit import assert_sound, cold_outcome, types
+from .conftest import MakeApp, OpenWorld
+from .faults import FaultyWorld, Started
 
 SHORT_LEASE = contract.QueueTuning(
-    lease_seconds=0.6, backoff_base_seconds=0.05, backoff_max_seconds=0.2
+    lease_seconds=0.9, backoff_base_seconds=0.05, backoff_max_seconds=0.2
+)
+# A failed delivery comes back after about half a second: time for a hook wake to hold the run.
+SLOW_BACKOFF = contract.QueueTuning(
+    lease_seconds=5.0, backoff_base_seconds=0.6, backoff_max_seconds=0.6
 )
 
 
-async def _faulty(tmp_path: Path) -> FaultyWorld:
-    return FaultyWorld(await LocalWorld(tmp_path / "world", tuning=SHORT_LEASE).open())
+def _stall_past_the_lease() -> None:
+    time.sleep(SHORT_LEASE.lease_seconds * 2)  # the stall under test: the loop is blocked
 
 
-async def test_lease_stall_overlap_writes_nothing_twice(tmp_path: Path, make_app: MakeApp) -> None:
-    """A1: D1 stalls in a CPU-bound inline body past its lease; the message goes to D2. The
-    run completes, no event is written twice, and D1's late answer is not what acks it."""
-    world = await _faulty(tmp_path)
+def _start_message(s: Started) -> bool:
+    return isinstance(s.message, messages.OrchestratorMessage) and s.message.run_input is not None
+
+
+def _plain_wake(s: Started) -> bool:
+    m = s.message
+    return (
+        isinstance(m, messages.OrchestratorMessage)
+        and m.run_input is None
+        and m.wait_continuation is None
+        and not m.complete_waits
+    )
+
+
+@pytest.mark.parametrize("max_retries", [3, 0])
+async def test_lease_stall_overlap_writes_nothing_twice(
+    open_world: OpenWorld, make_app: MakeApp, max_retries: int
+) -> None:
+    """Audit A1 / seed 003 "Lease stall overlap": D1 runs an inline body and stalls past its
+    lease; the message goes to D2 while D1 is still alive. D2 runs the step again (attempt 2)
+    or, with max_retries=0, fails it without a second start; D1's late write is refused and
+    D1 never answers Ack. One outcome, run_completed last, and a cold replay agrees."""
+    world = FaultyWorld(await open_world(SHORT_LEASE))
     app = make_app(world=world)
-    ran: Counter[str] = Counter()
+    attempts: list[int] = []
+    release_d1 = asyncio.Event()
 
-    @app.step(max_retries=3)
+    @app.step(max_retries=max_retries)
     async def crunch() -> str:
-        ran["crunch"] += 1
-        if ran["crunch"] == 1:
-            time.sleep(1.5)  # the stall under test: the event loop is blocked
-        return "crunched"
+        attempts.append(len(attempts) + 1)
+        if len(attempts) == 1:
+            _stall_past_the_lease()
+            await release_d1.wait()
+        return f"crunched-{len(attempts)}"
 
     @app.workflow
     async def flow() -> str:
-        return await crunch()
+        try:
+            return await crunch()
+        except errors.StepFailed as exc:
+            return f"failed: {exc}"
 
     run = await app.start(flow)
-    assert await run.result(timeout=20) == "crunched"
-    log = await run.events()
-    assert [e.type for e in log].count("run_completed") == 1
-    assert [e.type for e in log].count("step_completed") == 1
+    start_id: list[str] = []
 
-    # D1's late answer is dropped, so the lapsed message is delivered again. Whichever of
-    # D1 and D2 wrote first, the other is refused (Redeliver(1)); a later delivery acks.
-    def acked_again() -> bool:
+    def d2_is_running() -> bool:
+        firsts = [s for s in world.queue.started if _start_message(s)]
+        if firsts:
+            start_id[:] = [firsts[0].meta.message_id]
         return any(
-            a.meta.delivery_count >= 2 and a.result == messages.ACK
-            for a in world.queue.orchestrator_answers()
+            s.meta.message_id in start_id and s.meta.delivery_count >= 2
+            for s in world.queue.started
         )
 
-    deadline = time.monotonic() + 10
-    while not acked_again():
-        assert time.monotonic() < deadline, "the lapsed message was never delivered and acked"
-        await asyncio.sleep(0.02)  # the dispatcher's next claim: nothing to await on
+    await world.queue.until(d2_is_running)
+    # D2 acts on the open inline step: a second start (attempt 2) or StepAttemptsExhausted.
+    expected = "step_completed" if max_retries else "step_failed"
+    await world.queue.until(
+        lambda: any(t.what == "write" and t.name == expected for t in world.trace)
+    )
+    release_d1.set()  # D1's body returns; its write comes after D2's: refused
+    await world.queue.until(
+        lambda: any(
+            a.meta.message_id in start_id and a.meta.delivery_count == 1
+            for a in world.queue.orchestrator_answers()
+        )
+    )
+    output = await run.result(timeout=20)
+    d1 = next(
+        a
+        for a in world.queue.orchestrator_answers()
+        if a.meta.message_id in start_id and a.meta.delivery_count == 1
+    )
+    assert d1.error is None and d1.result == messages.Redeliver(1), (
+        f"the stale D1 must answer Redeliver(1), never Ack: {d1.result or d1.error!r}"
+    )
+
+    log = await assert_sound(run)
+    kinds = types(log)
+    assert kinds[-1] == "run_completed" and kinds.count("run_completed") == 1
+    assert kinds.count("step_completed") + kinds.count("step_failed") == 1
+    if max_retries:
+        assert attempts == [1, 2], "D2 ran the step again while D1 was stalled"
+        assert output == "crunched-2"
+    else:
+        assert attempts == [1], "a max_retries=0 body started twice"
+        assert output.startswith("failed")
+    assert cold_outcome(flow, log) == ("completed", output)
 
 
-async def test_a_delivery_stalled_owing_a_send_is_covered_by_the_redelivery(
-    tmp_path: Path, make_app: MakeApp
+async def test_two_deliveries_of_one_message_one_dies_owing_a_send(
+    open_world: OpenWorld, make_app: MakeApp
 ) -> None:
-    """B2: D1 commits step_created and stalls before its send, then fails; the message's
-    redelivery (counted above 1) re-sends the step under its key; the step runs once."""
-    world = await _faulty(tmp_path)
+    """Audit B2 / seed 003 "Two deliveries of one message, one dies owing a send": D1 and
+    D2 of the start message load one snapshot; D1 commits step_created(s1) and dies before
+    the send; D2's own step_created is refused (it owes nothing) and answers Redeliver(1),
+    never Ack; D2's redelivery re-sends s1, which runs once."""
+    world = FaultyWorld(await open_world(SHORT_LEASE))
     app = make_app(world=world, WORKFLOW_MAX_INLINE_STEPS=0)
-    ran: Counter[str] = Counter()
+    ran: list[str] = []
 
     @app.step
     async def work() -> str:
-        ran["work"] += 1
+        ran.append("work")
         return "worked"
 
     @app.workflow
     async def flow() -> str:
         return await work()
 
-    stalled: list[bool] = []
+    inner_batch = world.events.create_batch
+    d1_committed = asyncio.Event()
+    d2_writing = asyncio.Event()
+    creations: list[int] = []
 
-    def stall_then_fail(send: messages.Send) -> bool:
-        if isinstance(send.message, messages.StepMessage) and not stalled:
-            stalled.append(True)
-            time.sleep(1.0)  # past the 0.6 s lease, owing this send
-            return True
-        return False
+    async def overlapping(run_id: str, batch: Any, **kw: Any) -> Any:
+        if not any(e.type == "step_created" for e in batch):
+            return await inner_batch(run_id, batch, **kw)
+        creations.append(1)
+        if len(creations) == 1:  # D1: stalls with its write in flight until D2 has loaded
+            _stall_past_the_lease()
+            await d2_writing.wait()
+            result = await inner_batch(run_id, batch, **kw)
+            d1_committed.set()
+            return result
+        if len(creations) == 2:  # D2: loaded the same snapshot; writes after D1's commit
+            d2_writing.set()
+            await d1_committed.wait()
+        return await inner_batch(run_id, batch, **kw)
 
-    world.queue.fail_sends(1, when=stall_then_fail)
+    world.events.create_batch = overlapping  # type: ignore[method-assign]
+    # D1 dies owing s1's message: its first send of s1 fails (a re-send is marked resent).
+    world.queue.fail_sends(
+        1,
+        when=lambda s: isinstance(s.message, messages.StepMessage) and not s.message.step_resent,
+    )
     run = await app.start(flow)
-    assert await run.result(timeout=20) == "worked"
-    assert ran == Counter({"work": 1})
+    assert await run.result(timeout=30) == "worked"
+    assert ran == ["work"]
+    answers = world.queue.orchestrator_answers()
+    start = next(s for s in world.queue.started if _start_message(s)).meta.message_id
+    d2 = [a for a in answers if a.meta.message_id == start and a.meta.delivery_count == 2]
+    assert [a.result for a in d2] == [messages.Redeliver(1)], "the refused D2 must redeliver"
     resent = [s for s in world.queue.sent if getattr(s.message, "step_resent", False)]
-    assert resent, "the redelivery re-sent the step its first delivery owed"
+    assert len(resent) == 1, "D2's redelivery re-sent s1 once"
+    log = await assert_sound(run)
+    assert types(log).count("step_created") == 1
 
 
 class Ping(Hook):
     n: int
 
 
-async def test_a_new_waits_creator_dying_after_the_commit(
-    tmp_path: Path, make_app: MakeApp
+async def _wait_past(moment_s: float) -> None:
+    """Wait until a wall-clock moment (a timer or redelivery the queue has due then)."""
+    await asyncio.sleep(max(moment_s - time.time(), 0.0))
+
+
+async def test_a_new_waits_creator_coalesced_away_still_completes_its_wait(
+    open_world: OpenWorld, make_app: MakeApp
 ) -> None:
-    """C1: the timer went out before wait_created committed; the creator then fails (its
-    answer lost). The wait still completes at its time, and not before."""
-    world = await _faulty(tmp_path)
+    """Audit C1 / seed 003 "A new wait's creator coalesced away": D sends w1's timer,
+    commits wait_created(w1), then fails. While its redelivery is in backoff a hook wake
+    holds the run, so the redelivery is coalesced into it; the holder owns no chain and
+    w1 is longer than the near-due window, so only the timer sent before the commit can
+    complete w1. It completes at its time, not before."""
+    world = FaultyWorld(await open_world(SLOW_BACKOFF))
     app = make_app(world=world)
+    nap = 6.0  # past the 5 s near-due window: no delivery re-arms it
 
     @app.workflow
     async def flow() -> str:
-        await sleep(0.5)
-        return "woke"
+        ping, _ = await asyncio.gather(Ping.wait(token="c1-ping"), sleep(nap))
+        return f"woke {ping.n}"
 
     inner_batch = world.events.create_batch
-    failed: list[bool] = []
+    failed: list[float] = []
 
     async def lose_the_answer(run_id: str, batch: Any, **kw: Any) -> Any:
         result = await inner_batch(run_id, batch, **kw)
         if not failed and any(e.type == "wait_created" for e in batch):
-            failed.append(True)
+            failed.append(time.time())
             raise ConnectionError("injected: the answer to wait_created was lost")
         return result
 
     world.events.create_batch = lose_the_answer  # type: ignore[method-assign]
-    started = time.monotonic()
+    release = asyncio.Event()
+    world.queue.hold_deliveries(_plain_wake, release)
     run = await app.start(flow)
-    assert await run.result(timeout=20) == "woke"
-    assert time.monotonic() - started >= 0.5
-    log = await run.events()
-    assert [e.type for e in log].count("wait_created") == 1
+    await world.queue.until(lambda: bool(failed) and _answered_with_error(world))
+    await app.resume_hook("c1-ping", Ping(n=1))
+    await world.queue.until(lambda: any(_plain_wake(s) for s in world.queue.started))
+    await _wait_past(failed[0] + SLOW_BACKOFF.backoff_max_seconds + 0.8)
+    release.set()
+    assert await run.result(timeout=20) == "woke 1"
+
+    start = next(s for s in world.queue.started if _start_message(s)).meta.message_id
+    alone = [
+        s for s in world.queue.started if s.meta.message_id == start and s.meta.delivery_count > 1
+    ]
+    assert alone == [], "the creator's redelivery ran alone instead of coalescing"
+    assert any(s.meta.rerun >= 1 for s in world.queue.started if _plain_wake(s))
+    log = await assert_sound(run)
     created = next(e for e in log if e.type == "wait_created")
     done = next(e for e in log if e.type == "wait_completed")
     assert isinstance(created.event, events.WaitCreated)
     assert done.created_at >= created.event.resume_at
+    wait_id = created.correlation_id
+    timers = [t for t in world.trace if t.what == "send" and t.correlation_id == wait_id]
+    commit = next(t for t in world.trace if t.what == "write" and t.name == "wait_created")
+    assert timers and timers[0].seq < commit.seq, "w1's timer went out before wait_created"
+    assert all(t.by is not None and t.by.meta.message_id == start for t in timers)
 
 
-async def test_a_timer_due_while_a_delivery_holds_the_run_is_coalesced(
-    tmp_path: Path, make_app: MakeApp
+def _answered_with_error(world: FaultyWorld) -> bool:
+    return any(a.error is not None for a in world.queue.orchestrator_answers())
+
+
+async def test_a_coalesced_timer_is_completed_by_the_holder_which_arms_the_next(
+    open_world: OpenWorld, make_app: MakeApp
 ) -> None:
-    """C3: the wait's timer comes due while a lingering delivery holds the run (an open
-    hook); it is folded into the holder, which completes the wait; nothing is lost."""
-    world = await _faulty(tmp_path)
-    app = make_app(world=world, WORKFLOW_ORCHESTRATOR_LINGER_MS=5000)
+    """Audit C3 / seed 003 "Coalesced timer losing its re-arm": w1 and w2 open in one chain;
+    a hook wake holds the run when w1's timer comes due, so the timer coalesces into it.
+    The holder completes w1 and arms w2 (its timer sent by the holder, before the
+    wait_completed(w1) commit); the timer never runs alone; both waits complete once."""
+    world = FaultyWorld(await open_world())
+    app = make_app(world=world)
+    first, second = 1.0, 4.5  # w2 still ahead when the holder runs, 1.6 s after w1
 
     @app.workflow
     async def flow() -> str:
-        ping = asyncio.ensure_future(Ping.wait(token="never-resumed"))
-        await sleep(0.4)
-        ping.cancel()
-        return "slept"
+        ping, _, _ = await asyncio.gather(Ping.wait(token="c3-ping"), sleep(first), sleep(second))
+        return f"slept {ping.n}"
 
     run = await app.start(flow)
-    assert await run.result(timeout=20) == "slept"
-    answers = world.queue.orchestrator_answers()
-    alone = [a for a in answers if a.meta.rerun == 0 and a.meta.delivery_count == 1]
-    assert len(alone) == 1, "the timer was not delivered on its own: the holder absorbed it"
-    assert [e.type for e in await run.events()].count("wait_completed") == 1
+    await world.queue.until(
+        lambda: (
+            len([t for t in world.trace if t.name == "wait_created"]) == 2
+            and any(a.result == messages.ACK for a in world.queue.orchestrator_answers())
+        )
+    )
+    log = await run.events()
+    waits = sorted(
+        (e.event.resume_at, e.correlation_id)
+        for e in log
+        if isinstance(e.event, events.WaitCreated)
+    )
+    (w1_at, w1), (_, w2) = waits
+    release = asyncio.Event()
+    world.queue.hold_deliveries(_plain_wake, release)
+    await app.resume_hook("c3-ping", Ping(n=3))
+    await world.queue.until(lambda: any(_plain_wake(s) for s in world.queue.started))
+    # w1's timer is due (NATS rounds a delay up to the second) and folded in by then.
+    await _wait_past(w1_at.timestamp() + 1.6)
+    release.set()
+    assert await run.result(timeout=20) == "slept 3"
+
+    holder = next(s for s in world.queue.started if _plain_wake(s)).meta.message_id
+    alone = [
+        s
+        for s in world.queue.started
+        if isinstance(s.message, messages.OrchestratorMessage)
+        and s.message.wait_continuation is not None
+        and s.message.wait_continuation.correlation_id == w1
+    ]
+    assert alone == [], "w1's timer ran alone: it was not coalesced into the holder"
+    log = await assert_sound(run)
+    assert types(log).count("wait_completed") == 2
+    w1_done = next(t for t in world.trace if t.name == "wait_completed" and t.correlation_id == w1)
+    assert w1_done.by is not None and w1_done.by.meta.message_id == holder
+    armed = [
+        t
+        for t in world.trace
+        if t.what == "send"
+        and t.correlation_id == w2
+        and t.by is not None
+        and t.by.meta.message_id == holder
+    ]
+    assert armed and armed[0].seq < w1_done.seq, "the holder armed w2 before completing w1"
