@@ -18,7 +18,7 @@ import logging
 from typing import Any
 
 from treadle import clock, errors, serde
-from treadle.orchestrator import decisions, pinning, steps
+from treadle.orchestrator import decisions, hookwrites, pinning, steps
 from treadle.orchestrator.runtime import Runtime
 from treadle.orchestrator.session import RunSession
 from treadle.orchestrator.waits import WaitArmer, ms, now_ms
@@ -51,6 +51,7 @@ class OrchestratorDelivery:
         self._inline: dict[asyncio.Task[None], str] = {}
         self.waits = WaitArmer(rt, self.session, message, meta)
         self._divergences = 0
+        self._hook_conflicts = hookwrites.ConflictContinuations(self.run_id)
         # Turbo (the start message's first delivery): run_started goes out without waiting;
         # every later write queues on the writer behind it.
         self._turbo = False
@@ -268,8 +269,7 @@ class OrchestratorDelivery:
     async def _suspended(self, suspended: engine.Suspended) -> messages.HandlerResult | None:
         """Write and start what the workflow waits on; None to run another pass."""
         if suspended.new or suspended.dispose:
-            await self._create(suspended)
-            return None
+            return await self._create(suspended)
         running = set(self._inline.values())
         reruns = decisions.inline_to_rerun(self.session.state, running)
         if reruns:
@@ -359,21 +359,11 @@ class OrchestratorDelivery:
 
     # -- creating what the workflow waits on -------------------------------------------
 
-    async def _create(self, suspended: engine.Suspended) -> None:
+    async def _create(self, suspended: engine.Suspended) -> messages.HandlerResult | None:
         await self._started()  # the replay ran while it was in flight; nothing is sent before
-        for hook in suspended.dispose:
-            await self.session.write(events.HookDisposed(correlation_id=hook.correlation_id))
-            hook.disposed = True
-        for op in suspended.new:
-            if isinstance(op, operations.HookWait):
-                await self.session.write(
-                    events.HookCreated(
-                        correlation_id=op.correlation_id,
-                        token=op.token,
-                        metadata=op.metadata,
-                        position=op.position,
-                    )
-                )
+        conflicts = await hookwrites.write_hooks(self.session, suspended)
+        if conflicts:
+            return await self._after_hook_conflict(conflicts)
         waits = [op for op in suspended.new if isinstance(op, operations.Sleep)]
         calls = [op for op in suspended.new if isinstance(op, operations.StepCall)]
         inline = [c for c in calls if c.input_error is None][: self._inline_slots()]
@@ -397,6 +387,17 @@ class OrchestratorDelivery:
             await self._write_creations(chunk)
         for call in inline:
             self._start_inline(call.correlation_id, call.step_name, call.input, 1, call.max_retries)
+        return None
+
+    async def _after_hook_conflict(self, hook_ids: list[str]) -> messages.HandlerResult | None:
+        """The pass decided before its hook's conflict existed: replay afresh (once per
+        hook), so ``conflict()`` answers as every later replay will; else hand off."""
+        if self._hook_conflicts.may_continue(hook_ids):
+            self.session.start_replay(self.rt.workflows[self.session.state.workflow_name])
+            return None
+        await self._settle_inline()
+        await self.waits.arm_owned_chains()
+        return messages.HANDOFF
 
     def _inline_slots(self) -> int:
         if now_ms() >= self.deadline_ms - self.margin_ms:
@@ -469,6 +470,14 @@ class OrchestratorDelivery:
         self.session.owe(send)
         await self.session.send([send])
 
+    async def _write_outcome(self, event: events.Event) -> None:
+        """An inline outcome, in-band. The World refuses a second one (StepAlreadyEnded,
+        F2): another attempt's outcome won; read it from the log instead."""
+        try:
+            await self.session.write(event)
+        except errors.StepAlreadyEnded:
+            await self.session.read_tail()
+
     async def _rerun_inline(self, reruns: list[Any]) -> bool:
         """Run again, or fail past its retries, what a dead delivery left; False if no slot."""
         progressed = False
@@ -479,7 +488,7 @@ class OrchestratorDelivery:
                 fn = self.rt.steps.get(step.step_name)
                 max_retries = fn.max_retries if fn is not None else 0
             if attempt > max_retries + 1:
-                await self.session.write(
+                await self._write_outcome(
                     events.StepFailed(
                         correlation_id=step.step_id,
                         step_name=step.step_name,

@@ -520,7 +520,8 @@ class StorageConformance:
             refused, created = result.items
             assert isinstance(refused.error, errors.StepAlreadyEnded)
             assert refused.error.outcome_slot == 4
-            assert created.event is not None and created.event.slot == 5
+            assert created.event is not None
+            assert created.event.slot == 5
             assert result.allocated == 1
 
     @pytest.mark.parametrize("ended", [False, True])

@@ -1,12 +1,12 @@
 """Postgres errors as treadle errors.
 
-The append functions (``migrations/0001_init.sql``, ``0004_one_outcome.sql``) raise with SQLSTATEs of the
-class ``TRD`` and a JSON ``DETAIL`` carrying the error's attributes; batch item
-refusals come back as rows with the same code and detail. ``world_error`` turns
-either into the ``treadle.errors`` type the local World raises, with the same
-attributes and message. ``storage_error`` maps everything else: a lost or
-refused connection is ``StorageUnavailable``, a database without treadle's
-schema is ``IncompatibleStorage``.
+The append functions (``migrations/0001_init.sql``, ``0004_one_outcome.sql``)
+raise with SQLSTATEs of the class ``TRD`` and a JSON ``DETAIL`` carrying the
+error's attributes; batch item refusals come back as rows with the same code and
+detail. ``world_error`` turns either into the ``treadle.errors`` type the local
+World raises, with the same attributes and message. ``storage_error`` maps
+everything else: a lost or refused connection is ``StorageUnavailable``, a
+database without treadle's schema is ``IncompatibleStorage``.
 
 Called by ``database``.
 """
