@@ -16,8 +16,7 @@ from typing import Any
 import pytest
 
 from treadle import Hook, HookConflictError, create_hook, sleep, step_metadata
-from treadle.errors import HookNotFound, HookPayloadNotRecorded, HookWakeFailed
-from treadle.errors import StorageUnavailable
+from treadle.errors import HookNotFound, HookPayloadNotRecorded, HookWakeFailed, StorageUnavailable
 from treadle.orchestrator import steps as step_handler
 from treadle.world import events, ids, logcheck, messages, records
 
