@@ -17,7 +17,7 @@ from typing import Any, ParamSpec, TypeVar, overload
 
 from pydantic import BaseModel, JsonValue
 
-from treadle import clock, errors, serde, settings
+from treadle import clock, errors, hookresume, serde, settings
 from treadle.orchestrator.runtime import Runtime
 from treadle.orchestrator.worker import Role, Worker
 from treadle.sdk import functions
@@ -352,18 +352,20 @@ class Workflows:
         return Run(self, run_id)
 
     async def resume_hook(self, token: str, payload: Any = None) -> Run:
-        """Deliver ``payload`` to the live hook holding ``token``; raises ``HookNotFound``."""
+        """Deliver ``payload`` to the live hook holding ``token``, then wake its run.
+
+        Raises ``HookNotFound`` when no live hook holds the token (never created,
+        disposed, already resumed, or its run ended, even between the lookup and the
+        write); ``HookPayloadNotRecorded`` when the write failed and recorded nothing
+        (safe to call again); ``HookWakeFailed`` when the payload is recorded but the
+        wake could not be sent after retries (the run sees it on its next delivery).
+        """
         world = await self.world()
         hook = await world.hooks.get_by_token(token)
         data = serde.encode(
             payload.model_dump(mode="json") if isinstance(payload, BaseModel) else payload,
             "hook payload",
         )
-        await world.events.create(
-            hook.run_id,
-            events.HookReceived(correlation_id=hook.hook_id, payload=data),
-            in_band=False,
-        )
-        run = await world.runs.get(hook.run_id)
-        await world.queue.send(_wake(run))
+        await hookresume.record_payload(world, token, hook, data)
+        await hookresume.wake(world, token, hook.run_id)
         return Run(self, hook.run_id)

@@ -18,17 +18,19 @@ its message names them too::
     │   ├── WorkflowNotFound          no workflow registered under that name
     │   ├── RunFailedError            ``run.result()`` of a run that failed
     │   └── RunCancelledError         ``run.result()`` of a run that was cancelled
+    ├── HookWakeFailed                resume_hook recorded the payload but could not wake the run
     └── WorldError                    the World refused or failed an operation
         ├── InBandSuperseded          fence: a stale expected_seq_in_band; nothing written
         ├── WorldContractError        the caller broke the World contract (a bug, not load)
         ├── RunNotFound               no run with that id
         ├── RunExpired                the run is terminal; the write is refused
-        ├── StepAlreadyEnded          a step_started for a step that already has an outcome
+        ├── StepAlreadyEnded          a step_started or a second outcome for a step that has one
         ├── WaitAlreadyCompleted      a second wait_completed for one wait
         ├── StepNotFound              no step with that id in the run
         ├── HookNotFound              no live hook with that token
         ├── EarlierItemRefused        a batch item whose correlation id had an earlier refusal
         ├── MessageTooLarge           a queue message over the size limit
+        ├── HookPayloadNotRecorded    resume_hook's write failed and recorded nothing: retry it
         └── StorageUnavailable        the World's storage cannot be opened or used
             ├── StorageLocked         another process holds a local World
             └── IncompatibleStorage   a corrupt, foreign or newer database
@@ -153,6 +155,27 @@ class RunCancelledError(WorkflowError):
         self.run_id = run_id
 
 
+class HookWakeFailed(TreadleError):
+    """``resume_hook`` recorded the payload, but the wake to the run could not be sent.
+
+    The payload IS durable in the run's log: the run sees it on its next
+    orchestrator delivery (any wake, timer, step completion or recovery), so do
+    not resume the hook again (a second payload is refused). ``__cause__`` is the
+    queue's last failure; ``attempts`` the sends tried.
+    """
+
+    def __init__(self, token: str, *, run_id: str, attempts: int, reason: str) -> None:
+        super().__init__(
+            f"resume_hook({token!r}): the payload is recorded in run {run_id}, but its wake "
+            f"could not be sent ({attempts} attempts; last: {reason}); the run will see the "
+            "payload on its next delivery; do not resume again"
+        )
+        self.token = token
+        self.run_id = run_id
+        self.attempts = attempts
+        self.reason = reason
+
+
 class WorldError(TreadleError):
     """The World refused or failed an operation."""
 
@@ -205,24 +228,34 @@ class RunExpired(WorldError):
 
 
 class StepAlreadyEnded(WorldError):
-    """A step_started for a step whose outcome is already in the log."""
+    """A step_started, or a second outcome, for a step whose outcome is already in the log.
 
-    def __init__(self, run_id: str, *, step_id: str, outcome_slot: int) -> None:
+    Nothing was allocated or written: the outcome at ``outcome_slot`` stands (another
+    delivery's attempt won), so the writer of ``event_type`` has nothing left to do.
+    """
+
+    def __init__(
+        self, run_id: str, *, step_id: str, outcome_slot: int, event_type: str = "step_started"
+    ) -> None:
         super().__init__(
             f"run {run_id}: step {step_id} already has its outcome at slot {outcome_slot}; "
-            "a new step_started is refused",
+            f"a {event_type} is refused",
             run_id=run_id,
         )
         self.step_id = step_id
         self.outcome_slot = outcome_slot
+        self.event_type = event_type
 
 
 class WaitAlreadyCompleted(WorldError):
-    """A wait_completed for a wait whose completion is already in the log (nothing written)."""
+    """A second ``wait_completed`` for a wait whose completion is already in the log.
+
+    Nothing was allocated or written; the completion at ``completed_slot`` stands.
+    """
 
     def __init__(self, run_id: str, *, wait_id: str, completed_slot: int) -> None:
         super().__init__(
-            f"run {run_id}: wait {wait_id} was already completed at slot {completed_slot}; "
+            f"run {run_id}: wait {wait_id} was completed at slot {completed_slot}; "
             "a second wait_completed is refused",
             run_id=run_id,
         )
@@ -273,6 +306,26 @@ class MessageTooLarge(WorldError):
         )
         self.size = size
         self.limit = limit
+
+
+class HookPayloadNotRecorded(WorldError):
+    """``resume_hook``'s ``hook_received`` write failed and recorded nothing.
+
+    The payload is not in the run's log and no wake was sent: calling
+    ``resume_hook`` again is safe (``retryable`` is always True). ``__cause__``
+    is the World's failure.
+    """
+
+    retryable = True
+
+    def __init__(self, token: str, *, run_id: str, reason: str) -> None:
+        super().__init__(
+            f"resume_hook({token!r}): the payload for run {run_id} was not recorded ({reason}); "
+            "nothing was written, so resume_hook may be called again",
+            run_id=run_id,
+        )
+        self.token = token
+        self.reason = reason
 
 
 class StorageUnavailable(WorldError):

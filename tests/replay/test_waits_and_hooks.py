@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from treadle import errors
-from treadle.replay import engine
+from treadle.replay import engine, operations
 from treadle.sdk import hooks, timing
 
 from . import histories
@@ -307,3 +307,43 @@ def test_a_sleep_with_a_changed_duration_keeps_the_recorded_wait() -> None:
     log.wait_completed(0)
     outcome, _ = histories.replay_cold(wf, log)
     assert outcome == engine.Completed("woke")
+
+
+def test_a_hook_disposed_in_the_pass_that_created_it_is_new_and_marked_for_disposal() -> None:
+    """Bug 6 (the ordering gap): create, dispose, re-create one token in one pass. Both
+    hooks are new at the suspension, in position order, the first marked
+    ``dispose_requested`` (the orchestrator writes its disposal right after its creation);
+    nothing is in ``dispose``, which holds only hooks already in the log."""
+
+    async def wf() -> Any:
+        first = hooks.create_hook("cycle")
+        first.dispose()
+        return await hooks.create_hook("cycle").payload()
+
+    outcome, replay = histories.replay_cold(wf, Log())
+    assert isinstance(outcome, engine.Suspended)
+    assert [(op.position, op.kind) for op in outcome.new] == [(0, "hook"), (1, "hook")]
+    first, second = outcome.new
+    assert isinstance(first, operations.HookWait)
+    assert isinstance(second, operations.HookWait)
+    assert (first.dispose_requested, second.dispose_requested) == (True, False)
+    assert outcome.dispose == []
+    replay.close()
+
+
+def test_a_conflicted_hook_is_never_disposed() -> None:
+    """A hook whose creation the World answered with hook_conflict never held its token:
+    disposing it asks for no hook_disposed (seed 003 "Hook conflicts")."""
+
+    async def wf() -> Any:
+        hook = hooks.create_hook("theirs")
+        hook.dispose()
+        return await timing.sleep("1m")
+
+    log = Log()
+    log.hook_conflict(0, "theirs", holder="wrun_holder")
+    outcome, replay = histories.replay_cold(wf, log)
+    assert isinstance(outcome, engine.Suspended)
+    assert outcome.dispose == []
+    assert [op.kind for op in outcome.new] == ["wait"]
+    replay.close()

@@ -27,7 +27,7 @@ import logging
 from typing import Any
 
 from treadle import clock, errors, serde
-from treadle.orchestrator import decisions, pinning, steps
+from treadle.orchestrator import decisions, hookwrites, pinning, steps
 from treadle.orchestrator.inline import InlineSteps, check_lease
 from treadle.orchestrator.runtime import Runtime
 from treadle.orchestrator.session import RunSession
@@ -61,6 +61,7 @@ class OrchestratorDelivery:
         self.inline = InlineSteps(rt, self.session, meta, self.deadline_ms - self.margin_ms)
         self.waits = WaitArmer(rt, self.session, message, meta)
         self._divergences = 0
+        self._hook_conflicts = hookwrites.ConflictContinuations(self.run_id)
         # Turbo (the start message's first delivery): run_started goes out without waiting;
         # every later write queues on the writer behind it.
         self._turbo = False
@@ -303,8 +304,7 @@ class OrchestratorDelivery:
     async def _suspended(self, suspended: engine.Suspended) -> messages.HandlerResult | None:
         """Write and start what the workflow waits on; None to run another pass."""
         if suspended.new or suspended.dispose:
-            await self._create(suspended)
-            return None
+            return await self._create(suspended)
         reruns = decisions.inline_to_rerun(self.session.state, self.inline.running)
         if reruns and not await self.inline.rerun(reruns):
             # No free inline slot: wait for a running body to settle (never spin; bug 4).
@@ -378,21 +378,11 @@ class OrchestratorDelivery:
 
     # -- creating what the workflow waits on -------------------------------------------
 
-    async def _create(self, suspended: engine.Suspended) -> None:
+    async def _create(self, suspended: engine.Suspended) -> messages.HandlerResult | None:
         await self._started()  # the replay ran while it was in flight; nothing is sent before
-        for hook in suspended.dispose:
-            await self.session.write(events.HookDisposed(correlation_id=hook.correlation_id))
-            hook.disposed = True
-        for op in suspended.new:
-            if isinstance(op, operations.HookWait):
-                await self.session.write(
-                    events.HookCreated(
-                        correlation_id=op.correlation_id,
-                        token=op.token,
-                        metadata=op.metadata,
-                        position=op.position,
-                    )
-                )
+        conflicts = await hookwrites.write_hooks(self.session, suspended)
+        if conflicts:
+            return await self._after_hook_conflict(conflicts)
         waits = [op for op in suspended.new if isinstance(op, operations.Sleep)]
         calls = [op for op in suspended.new if isinstance(op, operations.StepCall)]
         inline = [c for c in calls if c.input_error is None][: self.inline.slots()]
@@ -419,6 +409,17 @@ class OrchestratorDelivery:
                 await self._write_creations(chunk, starts)
         finally:
             self.inline.creations_written.set()
+        return None
+
+    async def _after_hook_conflict(self, hook_ids: list[str]) -> messages.HandlerResult | None:
+        """The pass decided before its hook's conflict existed: replay afresh (once per
+        hook), so ``conflict()`` answers as every later replay will; else hand off."""
+        if self._hook_conflicts.may_continue(hook_ids):
+            self.session.start_replay(self.rt.workflows[self.session.state.workflow_name])
+            return None
+        await self.inline.settle()
+        await self.waits.arm_owned_chains()
+        return messages.HANDOFF
 
     async def _write_creations(
         self, batch: list[events.Event], starts: dict[str, operations.StepCall]

@@ -16,7 +16,6 @@ Used by ``orchestrator.delivery``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from typing import Any
 
 from treadle import clock, errors
@@ -101,8 +100,7 @@ class InlineSteps:
         event = steps.outcome_event(step_id, step_name, attempt, outcome)
         await self.creations_written.wait()  # outcomes queue behind the creation batches
         if outcome.kind != "retry":
-            with contextlib.suppress(errors.StepAlreadyEnded):
-                await self.session.write(event)
+            await self._write_outcome(event)
             return
         # An inline step's retry moves to the step's own message; never inline again.
         event = event.model_copy(update={"creator_message_id": self.meta.message_id})
@@ -165,7 +163,7 @@ class InlineSteps:
                 fn = self.rt.steps.get(step.step_name)
                 max_retries = fn.max_retries if fn is not None else 0
             if attempt > max_retries + 1:
-                await self.session.write(
+                await self._write_outcome(
                     events.StepFailed(
                         correlation_id=step.step_id,
                         step_name=step.step_name,
@@ -193,6 +191,14 @@ class InlineSteps:
                 await self._move_to_message(step, attempt, max_retries)
                 progressed = True
         return progressed
+
+    async def _write_outcome(self, event: events.Event) -> None:
+        """An inline outcome, in-band. The World refuses a second one (StepAlreadyEnded,
+        F2): another attempt's outcome won; read it from the log instead."""
+        try:
+            await self.session.write(event)
+        except errors.StepAlreadyEnded:
+            await self.session.read_tail()
 
     async def _move_to_message(self, step: StepState, attempt: int, max_retries: int) -> None:
         """Hand a dead delivery's open inline step to its own message, for ``attempt``."""

@@ -124,7 +124,8 @@ class LogState:
                     self.open_wait_ids.discard(e.correlation_id)
             case events.HookCreated() as e:
                 self.open_hooks.add(e.correlation_id)
-            case events.HookDisposed() as e:
+            case events.HookDisposed() | events.HookReceived() | events.HookConflict() as e:
+                # A hook takes one payload (the World frees its token as it records it).
                 self.open_hooks.discard(e.correlation_id)
             case events.WakeRequested() as e:
                 self.wake_requests.append((logged.slot, e.waits))

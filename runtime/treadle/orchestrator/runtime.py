@@ -44,11 +44,15 @@ class Runtime:
     # Invocations (message, start) whose re-send pass ran: once per invocation.
     resent_invocations: RecentKeys = field(default_factory=RecentKeys)
 
-    def wake_message(self, run_id: str, deployment_id: str | None) -> messages.OrchestratorMessage:
+    def wake_message(
+        self, run_id: str, deployment_id: str | None, *, spec_version: int
+    ) -> messages.OrchestratorMessage:
+        """A wake for the run's orchestrator, stamped with the run's own spec version (the
+        one its messages carry), never this worker's minted one (audit Bug 9, RO3)."""
         return messages.OrchestratorMessage(
             run_id=run_id,
             deployment_id=deployment_id,
-            run_spec_version=self.settings.spec_version,
+            run_spec_version=spec_version,
         )
 
 

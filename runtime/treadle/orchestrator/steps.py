@@ -11,7 +11,6 @@ for the same message again to retry in place.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import traceback
 from dataclasses import dataclass
@@ -161,18 +160,50 @@ async def _read_step_log(rt: Runtime, run_id: str, step_id: str) -> _StepLog:
 
 
 async def _wake(rt: Runtime, message: messages.StepMessage) -> None:
-    await rt.world.queue.send(rt.wake_message(message.run_id, message.deployment_id))
+    wake = rt.wake_message(
+        message.run_id, message.deployment_id, spec_version=message.run_context.spec_version
+    )
+    await rt.world.queue.send(wake)
 
 
 async def _write_outcome(
     rt: Runtime, message: messages.StepMessage, attempt: int, outcome: Outcome
 ) -> None:
+    """The attempt's outcome, out-of-band. The World refuses a second outcome
+    (StepAlreadyEnded): another delivery's attempt won, and its outcome stands."""
     event = outcome_event(message.step_id, message.step_name, attempt, outcome)
-    with contextlib.suppress(errors.StepAlreadyEnded):
+    try:
         await rt.world.events.create(message.run_id, event, in_band=False)
+    except errors.StepAlreadyEnded as exc:
+        log.info(
+            "run %s: step %s attempt %d finished after the step's outcome at slot %d; "
+            "that outcome stands, this %s is dropped",
+            message.run_id,
+            message.step_name,
+            attempt,
+            exc.outcome_slot,
+            event.type,
+        )
 
 
 async def handle_step_message(
+    rt: Runtime, message: messages.StepMessage, meta: messages.DeliveryMeta
+) -> messages.HandlerResult:
+    """One delivery of a step message; one for a run the World does not hold ends
+    (acknowledged, logged at warning), never a redelivery loop (audit Bug 8, H2)."""
+    try:
+        return await _handle_step_message(rt, message, meta)
+    except errors.RunNotFound:
+        log.warning(
+            "run %s: step message %s (step %s) names no run; dropping it",
+            message.run_id,
+            meta.message_id,
+            message.step_name,
+        )
+        return messages.ACK
+
+
+async def _handle_step_message(
     rt: Runtime, message: messages.StepMessage, meta: messages.DeliveryMeta
 ) -> messages.HandlerResult:
     fn = rt.steps.get(message.step_name)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from treadle import clock
+from treadle import clock, errors
 from treadle.orchestrator import decisions, timers
 from treadle.orchestrator.runtime import Runtime
 from treadle.orchestrator.session import RunSession
@@ -110,7 +110,10 @@ class WaitArmer:
             if rest:
                 await self.arm(rest[0].wait_id, rest[0].resume_at)  # before the completion
         for wait in due:
-            await self.session.write(events.WaitCompleted(correlation_id=wait.wait_id))
+            try:
+                await self.session.write(events.WaitCompleted(correlation_id=wait.wait_id))
+            except errors.WaitAlreadyCompleted:
+                await self.session.read_tail()  # its completion is in the log: take it
 
     async def arm_near_due(self) -> None:
         """A delivery that may hold a coalesced timer re-arms every wait due very soon."""

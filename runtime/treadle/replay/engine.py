@@ -295,10 +295,16 @@ class Replay:
                 return unreached
             new = [op for op in self._new.values() if not op.cancelled]
             new.sort(key=lambda op: op.position)
+            # Hooks in the log to dispose of; a hook disposed in the pass that created it
+            # is among ``new`` (``dispose_requested``): its disposal follows its creation.
+            # A conflicted hook never held its token: nothing to free.
             dispose = [
                 op
                 for op in self._dispose_requested
-                if op.recorded and op.correlation_id not in self._disposed and not op.disposed
+                if op.recorded
+                and op.correlation_id not in self._disposed
+                and not op.disposed
+                and not op.conflicted
             ]
             self._dispose_requested = [op for op in self._dispose_requested if not op.disposed]
             return Suspended(new=new, dispose=dispose)

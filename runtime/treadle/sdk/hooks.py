@@ -19,7 +19,15 @@ from treadle.sdk.durations import Duration, to_seconds
 
 
 class HookHandle:
-    """A created hook: await ``payload()``; ``conflict()`` says at once if the token is taken."""
+    """A created hook: await ``payload()``; ``conflict()`` says at once if the token is taken.
+
+    ``conflict()`` answers from the log, the same on every pass the run acts on: a
+    live pass whose hook creation the World answers with ``hook_conflict`` is
+    discarded before any of its other decisions is written, and the workflow is
+    replayed with the conflict recorded (seed 003 "Hook conflicts"). A hook takes
+    one payload; once it is recorded the token is free, so the run may wait on the
+    same token again.
+    """
 
     def __init__(self, op: operations.HookWait) -> None:
         self._op = op
@@ -38,7 +46,8 @@ class HookHandle:
         return result
 
     def dispose(self) -> None:
-        """Release the token early (it is released anyway when the run ends)."""
+        """Release the token early (it is released anyway when its payload is recorded
+        or the run ends); the token may be used again, even later in the same pass."""
         replay = context.require_replay("Hook.dispose()")
         replay.dispose_hook(self._op)
 

@@ -14,11 +14,23 @@ Storage rules (DESIGN.md 3.1, seed 003 "Implementing spec 9 in a World"):
 - The skipped-slot report of an in-band write is every event at slots
   ``event_count + 1 .. own_slot - 1`` (``has_more`` when cut short).
 - An in-band write's ``occurred_at`` is stored as the event's ``created_at``.
-- Refusals (``RunExpired``, ``StepAlreadyEnded``, ``HookNotFound``) allocate
-  nothing. A terminal run refuses new work (``events.REFUSED_ON_TERMINAL_RUN``)
-  and keeps accepting outcomes.
+- Refusals (``RunExpired``, ``StepAlreadyEnded``, ``WaitAlreadyCompleted``,
+  ``HookNotFound``) allocate nothing. A terminal run refuses new work
+  (``events.REFUSED_ON_TERMINAL_RUN``) and keeps accepting a step's first
+  outcome and a wait's first completion.
+- One outcome per step, one completion per wait (DESIGN.md 10): a
+  ``step_started``, ``step_completed`` or ``step_failed`` for a step that has
+  its outcome raises ``StepAlreadyEnded``; a second ``wait_completed`` raises
+  ``WaitAlreadyCompleted``; in-band or out-of-band, running run or ended. A
+  stalled delivery that resumes therefore cannot add a second outcome: the
+  first one written stands.
 - ``hook_created`` for a token a live hook holds stores ``hook_conflict``
   instead, in the creator's log, at the slot the creation would have taken.
+- A hook takes one payload: an admitted ``hook_received`` frees the hook's
+  token at once (the run may create a hook with it again), and a
+  ``hook_received`` for a hook that is not live (never created, disposed,
+  already received, or its run ended) is ``HookNotFound``, checked before the
+  run's status, so a resume racing the run's end never hears ``RunExpired``.
 - ``create_batch`` takes step and wait events only, allocates the admitted
   items as one block under one fence check, is not atomic, and refuses every
   later item of a correlation id once one of its items was refused.

@@ -236,6 +236,7 @@ STEP_TYPES: frozenset[str] = frozenset(
 )
 WAIT_TYPES: frozenset[str] = frozenset({"wait_created", "wait_completed"})
 # Refused on a terminal run (RunExpired): what would start new work or a new decision.
+# (A hook_received is not here: the run's end freed its hooks, so it is HookNotFound.)
 REFUSED_ON_TERMINAL_RUN: frozenset[str] = frozenset(
     {
         "run_started",
@@ -247,7 +248,6 @@ REFUSED_ON_TERMINAL_RUN: frozenset[str] = frozenset(
         "step_retrying",
         "wait_created",
         "hook_created",
-        "hook_received",
     }
 )
 # What a create_batch may carry: step and wait events only.

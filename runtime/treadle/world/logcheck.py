@@ -6,7 +6,10 @@ slot 1 and in-band; the in-band events counting up to the run's ``seq_in_band``
 (the fence's arithmetic); at most one terminal run event, and only outcomes,
 waits' completions, hook disposals and attributes after it; per step, a creation
 before any start, attempts that never go down, and at most one outcome; per wait,
-at most one completion. Used by the soak tests and ``treadle inspect``-style tools.
+at most one completion. The World enforces the last two itself (a second outcome is
+``StepAlreadyEnded``, a second completion ``WaitAlreadyCompleted``; DESIGN.md 10,
+``treadle.world.contract``), so a log breaking them points at a World bug or a log
+written some other way. Used by the soak tests and ``treadle inspect``-style tools.
 """
 
 from __future__ import annotations

@@ -75,7 +75,7 @@ def _op_ids(log: list[events.LoggedEvent]) -> dict[str, str]:
                 op = args[0] if args else None
                 if isinstance(op, dict) and "id" in op:
                     found[e.correlation_id] = str(op["id"])
-            except Exception:  # noqa: BLE001 - an undecodable input names no op
+            except Exception:
                 continue
     return found
 

@@ -26,7 +26,6 @@ from typing import Any, Literal
 from treadle import errors
 from treadle.client import Workflows
 from treadle.orchestrator.worker import Worker
-from treadle.testing.simulation import faults
 from treadle.testing.simulation.workload import current_process
 
 log = logging.getLogger("treadle.testing.simulation")

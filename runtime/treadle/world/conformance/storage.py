@@ -399,7 +399,6 @@ class StorageConformance:
                 events.StepRetrying(correlation_id="s1", step_name="fetch", attempt=1, error=BOOM),
                 wait_created("w9"),
                 hook_created("hook_9", unique("token")),
-                events.HookReceived(correlation_id="hook_9"),
             ]
             assert {e.type for e in refused} == events.REFUSED_ON_TERMINAL_RUN
             for event in refused:
@@ -448,6 +447,103 @@ class StorageConformance:
             assert (refused.value.step_id, refused.value.outcome_slot) == ("s1", outcome_slot)
             with pytest.raises(errors.StepAlreadyEnded):
                 await in_band(world, run_id, again)
+            assert await log_and_snapshot(world, run_id) == before
+
+    @pytest.mark.parametrize("first", ["step_completed", "step_failed"])
+    @pytest.mark.parametrize("second", ["step_completed", "step_failed"])
+    async def test_a_second_outcome_for_a_step_is_refused_allocating_nothing(
+        self, harness: WorldHarness, first: str, second: str
+    ) -> None:
+        """F2, DESIGN.md 10: a step_completed/step_failed for a step with an outcome raises
+        StepAlreadyEnded (naming the outcome's slot), in-band or out-of-band; nothing moves."""
+        async with opened(harness) as world:
+            run_id = await started_run(world)
+            await in_band(world, run_id, step_created("s1"))
+            await out_of_band(world, run_id, events.StepStarted(
+                correlation_id="s1", step_name="fetch", attempt=1))  # fmt: skip
+            won = step_completed("s1", "fetch") if first == "step_completed" else step_failed("s1")
+            outcome_slot = (await out_of_band(world, run_id, won)).event.slot
+            before = await log_and_snapshot(world, run_id)
+            late: events.Event = (
+                events.StepCompleted(correlation_id="s1", step_name="fetch", result="stale")
+                if second == "step_completed"
+                else step_failed("s1", attempt=2)
+            )
+            for write in (out_of_band, in_band):
+                with pytest.raises(errors.StepAlreadyEnded) as refused:
+                    await write(world, run_id, late)
+                assert (refused.value.step_id, refused.value.outcome_slot) == ("s1", outcome_slot)
+                assert refused.value.event_type == second
+            assert await log_and_snapshot(world, run_id) == before
+            step = await world.steps.get(run_id, "s1")
+            assert step.status == ("completed" if first == "step_completed" else "failed")
+
+    async def test_a_stalled_deliverys_outcome_after_run_completed_is_refused(
+        self, harness: WorldHarness
+    ) -> None:
+        """F2's timeline: attempt 1 stalls, attempt 2 completes, the run completes, then the
+        stalled attempt's outcome arrives: refused, so the log keeps one outcome per step."""
+        async with opened(harness) as world:
+            run_id = await started_run(world)
+            await in_band(world, run_id, step_created("body"))
+            for attempt in (1, 2):
+                await out_of_band(world, run_id, events.StepStarted(
+                    correlation_id="body", step_name="fetch", attempt=attempt))  # fmt: skip
+            winner = events.StepCompleted(correlation_id="body", step_name="fetch", result=2)
+            won = await out_of_band(world, run_id, winner)
+            await end_run(world, run_id, "completed")
+            before = await log_and_snapshot(world, run_id)
+            stale = events.StepCompleted(correlation_id="body", step_name="fetch", result=1)
+            with pytest.raises(errors.StepAlreadyEnded) as refused:
+                await out_of_band(world, run_id, stale)
+            assert refused.value.outcome_slot == won.event.slot
+            assert await log_and_snapshot(world, run_id) == before
+            log = await full_log(world, run_id)
+            outcomes = [e for e in log if e.type in events.STEP_OUTCOME_TYPES]
+            assert [stored(e) for e in outcomes] == [stored(won.event)]
+
+    async def test_a_batch_item_outcome_for_an_ended_step_is_refused(
+        self, harness: WorldHarness
+    ) -> None:
+        """A batch carrying a second outcome refuses that item alone (F2), allocating the rest."""
+        async with opened(harness) as world:
+            run_id = await started_run(world)
+            await in_band(world, run_id, inline_start("s1"))
+            await in_band(world, run_id, step_completed("s1"))
+            result = await world.events.create_batch(
+                run_id,
+                [step_completed("s1"), step_created("s2")],
+                in_band=True,
+                expected_seq_in_band=4,
+                event_count=4,
+            )
+            refused, created = result.items
+            assert isinstance(refused.error, errors.StepAlreadyEnded)
+            assert refused.error.outcome_slot == 4
+            assert created.event is not None
+            assert created.event.slot == 5
+            assert result.allocated == 1
+
+    @pytest.mark.parametrize("ended", [False, True])
+    async def test_a_second_wait_completed_is_refused_allocating_nothing(
+        self, harness: WorldHarness, ended: bool
+    ) -> None:
+        """DESIGN.md 10: at most one completion per wait; a second raises WaitAlreadyCompleted
+        (naming the first's slot), on a running or an ended run, and writes nothing."""
+        async with opened(harness) as world:
+            run_id = await started_run(world)
+            await in_band(world, run_id, wait_created("w1"))
+            first = await in_band(world, run_id, events.WaitCompleted(correlation_id="w1"))
+            if ended:
+                await end_run(world, run_id, "completed")
+            before = await log_and_snapshot(world, run_id)
+            for write in (in_band, out_of_band):
+                with pytest.raises(errors.WaitAlreadyCompleted) as refused:
+                    await write(world, run_id, events.WaitCompleted(correlation_id="w1"))
+                assert (refused.value.wait_id, refused.value.completed_slot) == (
+                    "w1",
+                    first.event.slot,
+                )
             assert await log_and_snapshot(world, run_id) == before
 
     async def test_idempotency_key_makes_a_retried_write_converge(

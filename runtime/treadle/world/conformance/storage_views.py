@@ -93,6 +93,47 @@ class StorageViewsConformance:
             assert (result.allocated, result.event.in_band) == (1, False)
             assert (await support.full_log(world, run_id))[-1].event == received
 
+    async def test_hook_received_frees_the_token_and_a_second_payload_is_refused(
+        self, harness: WorldHarness
+    ) -> None:
+        """Bug 6: a hook takes one payload; recording it frees the token, so the run (or
+        another) may create a hook with it again, and a second hook_received for the same
+        hook is HookNotFound, allocating nothing."""
+        async with support.opened(harness) as world:
+            run_id = await support.started_run(world)
+            token = support.unique("token")
+            await support.in_band(world, run_id, support.hook_created("hook_1", token))
+            received = events.HookReceived(correlation_id="hook_1", payload={"n": 1})
+            await support.out_of_band(world, run_id, received)
+            with pytest.raises(errors.HookNotFound):
+                await world.hooks.get_by_token(token)
+            before = await support.log_and_snapshot(world, run_id)
+            again = events.HookReceived(correlation_id="hook_1", payload={"n": 2})
+            with pytest.raises(errors.HookNotFound):
+                await support.out_of_band(world, run_id, again)
+            assert await support.log_and_snapshot(world, run_id) == before
+            result = await support.in_band(world, run_id, support.hook_created("hook_2", token))
+            assert result.event.type == "hook_created"
+            assert (await world.hooks.get_by_token(token)).hook_id == "hook_2"
+
+    @pytest.mark.parametrize("ending", support.ENDINGS)
+    async def test_hook_received_for_an_ended_run_is_hook_not_found(
+        self, harness: WorldHarness, ending: str
+    ) -> None:
+        """Bug 10, HE3: a resume that looked the token up before the run ended hears
+        HookNotFound (the end freed the hook), not RunExpired; nothing is written."""
+        async with support.opened(harness) as world:
+            run_id = await support.started_run(world)
+            token = support.unique("token")
+            await support.in_band(world, run_id, support.hook_created("hook_1", token))
+            hook = await world.hooks.get_by_token(token)
+            await support.end_run(world, run_id, ending)
+            before = await support.log_and_snapshot(world, run_id)
+            received = events.HookReceived(correlation_id=hook.hook_id, payload=1)
+            with pytest.raises(errors.HookNotFound):
+                await support.out_of_band(world, hook.run_id, received)
+            assert await support.log_and_snapshot(world, run_id) == before
+
     async def test_steps_list_folds_step_events(self, harness: WorldHarness) -> None:
         """steps.list and steps.get fold status, attempt, name and inline from step events."""
         async with support.opened(harness) as world:

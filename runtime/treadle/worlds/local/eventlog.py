@@ -3,7 +3,8 @@
 Each function here runs inside one SQLite transaction and decides, in this
 order: the run exists; the fence (an in-band write's ``expected_seq_in_band``
 against the run's ``seq_in_band``); the contract (counts present and sane);
-each event's own checks (terminal run, ended step, live hook); then it
+each event's own checks (terminal run, ended step or a second outcome, a
+completed wait, live hook); then it
 allocates slots, inserts, folds the read views (run status, steps, hooks) and
 moves the counters. A refusal raises before anything is written, so it never
 leaves a hole.
@@ -145,14 +146,25 @@ def _admit(conn: sqlite3.Connection, run: _Run, event: events.Event) -> events.E
         events.REFUSED_ON_TERMINAL_RUN
     ):
         raise errors.RunExpired(run.run_id, status=run.status, event_type=kind)
-    if isinstance(event, events.StepStarted):
+    if isinstance(event, events.StepStarted | events.StepCompleted | events.StepFailed):
+        # One outcome per step (DESIGN.md 10): a start or a second outcome after it is refused.
         row = conn.execute(
             "SELECT outcome_slot FROM steps WHERE run_id = ? AND step_id = ?",
             (run.run_id, event.correlation_id),
         ).fetchone()
         if row is not None and row[0] is not None:
             raise errors.StepAlreadyEnded(
-                run.run_id, step_id=event.correlation_id, outcome_slot=row[0]
+                run.run_id, step_id=event.correlation_id, outcome_slot=row[0], event_type=kind
+            )
+    elif isinstance(event, events.WaitCompleted):
+        row = conn.execute(
+            "SELECT slot FROM events WHERE run_id = ? AND correlation_id = ? "
+            "AND type = 'wait_completed' LIMIT 1",
+            (run.run_id, event.correlation_id),
+        ).fetchone()
+        if row is not None:
+            raise errors.WaitAlreadyCompleted(
+                run.run_id, wait_id=event.correlation_id, completed_slot=row[0]
             )
     elif isinstance(event, events.HookCreated):
         holder = conn.execute("SELECT run_id FROM hooks WHERE token = ?", (event.token,)).fetchone()
@@ -164,6 +176,7 @@ def _admit(conn: sqlite3.Connection, run: _Run, event: events.Event) -> events.E
                 position=event.position,
             )
     elif isinstance(event, events.HookReceived):
+        # Checked before the run's status: an ended run freed its hooks (HookNotFound).
         live = conn.execute(
             "SELECT 1 FROM hooks WHERE run_id = ? AND hook_id = ?",
             (run.run_id, event.correlation_id),
@@ -269,7 +282,8 @@ def _fold(conn: sqlite3.Connection, run: _Run, event: events.Event, *, slot: int
                 "VALUES (?, ?, ?, ?, ?)",
                 (token, rid, hid, at, dumps(metadata)),
             )
-        case events.HookDisposed(correlation_id=hid):
+        case events.HookDisposed(correlation_id=hid) | events.HookReceived(correlation_id=hid):
+            # A hook takes one payload: once it is recorded the token is free again.
             conn.execute("DELETE FROM hooks WHERE run_id = ? AND hook_id = ?", (rid, hid))
         case _:
             pass

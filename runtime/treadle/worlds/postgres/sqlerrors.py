@@ -1,12 +1,12 @@
 """Postgres errors as treadle errors.
 
-The append functions (``migrations/0001_init.sql``) raise with SQLSTATEs of the
-class ``TRD`` and a JSON ``DETAIL`` carrying the error's attributes; batch item
-refusals come back as rows with the same code and detail. ``world_error`` turns
-either into the ``treadle.errors`` type the local World raises, with the same
-attributes and message. ``storage_error`` maps everything else: a lost or
-refused connection is ``StorageUnavailable``, a database without treadle's
-schema is ``IncompatibleStorage``.
+The append functions (``migrations/0001_init.sql``, ``0004_one_outcome.sql``)
+raise with SQLSTATEs of the class ``TRD`` and a JSON ``DETAIL`` carrying the
+error's attributes; batch item refusals come back as rows with the same code and
+detail. ``world_error`` turns either into the ``treadle.errors`` type the local
+World raises, with the same attributes and message. ``storage_error`` maps
+everything else: a lost or refused connection is ``StorageUnavailable``, a
+database without treadle's schema is ``IncompatibleStorage``.
 
 Called by ``database``.
 """
@@ -25,6 +25,7 @@ RUN_EXPIRED = "TRD04"
 STEP_ALREADY_ENDED = "TRD05"
 HOOK_NOT_FOUND = "TRD06"
 EARLIER_ITEM_REFUSED = "TRD07"
+WAIT_ALREADY_COMPLETED = "TRD08"  # migration 0004
 
 # SQLSTATE classes of a connection that is gone or refused (08, 53, 57) and of
 # functions or tables that do not exist (the schema is missing or behind).
@@ -67,7 +68,14 @@ def world_error(
         )
     if code == STEP_ALREADY_ENDED:
         return errors.StepAlreadyEnded(
-            run_id, step_id=str(facts["step_id"]), outcome_slot=int(facts["outcome_slot"])
+            run_id,
+            step_id=str(facts["step_id"]),
+            outcome_slot=int(facts["outcome_slot"]),
+            event_type=str(facts.get("event_type", "step_started")),
+        )
+    if code == WAIT_ALREADY_COMPLETED:
+        return errors.WaitAlreadyCompleted(
+            run_id, wait_id=str(facts["wait_id"]), completed_slot=int(facts["completed_slot"])
         )
     if code == HOOK_NOT_FOUND:
         return errors.HookNotFound(hook_id=str(facts["hook_id"]), run_id=run_id)
