@@ -61,7 +61,7 @@ CREATE TABLE steps (
     PRIMARY KEY (run_id, step_id)
 ) WITHOUT ROWID;
 
--- Live hooks only: a row holds its token until hook_disposed or its run ends.
+-- Live hooks only: a row holds its token until hook_disposed, its payload (hook_received) or its run ends.
 CREATE TABLE hooks (
     token       TEXT PRIMARY KEY,
     run_id      TEXT NOT NULL,
