@@ -7,6 +7,7 @@ its message names them too::
     TreadleError
     ├── SettingsError                 a bad setting value (names the setting)
     ├── SerializationError            a value cannot cross the event log (names where)
+    │   └── ValueLimitExceeded        over a limit of ``treadle.limits`` (names the setting)
     ├── WorkflowError                 about workflow or step code and its runs
     │   ├── FatalError                raised by a step: fail it now, no retry
     │   ├── RetryableError            raised by a step: retry (after retry_after)
@@ -57,6 +58,15 @@ class SerializationError(TreadleError):
         super().__init__(f"{path}: {reason}")
         self.path = path
         self.reason = reason
+
+
+class ValueLimitExceeded(SerializationError):
+    """A value, or a hook token, over one of ``treadle.limits``; ``setting`` tunes it."""
+
+    def __init__(self, path: str, reason: str, *, setting: str, limit: int) -> None:
+        super().__init__(path, reason)
+        self.setting = setting
+        self.limit = limit
 
 
 class WorkflowError(TreadleError):
