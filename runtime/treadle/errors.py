@@ -29,6 +29,7 @@ its message names them too::
         ├── HookNotFound              no live hook with that token
         ├── EarlierItemRefused        a batch item whose correlation id had an earlier refusal
         ├── MessageTooLarge           a queue message over the size limit
+        ├── DeadLetterNotFound        no dead letter with that message id
         └── StorageUnavailable        the World's storage cannot be opened or used
             ├── StorageLocked         another process holds a local World
             └── IncompatibleStorage   a corrupt, foreign or newer database
@@ -269,6 +270,14 @@ class MessageTooLarge(WorldError):
         )
         self.size = size
         self.limit = limit
+
+
+class DeadLetterNotFound(WorldError):
+    """No dead letter has this message id (never dead, or requeued or dropped already)."""
+
+    def __init__(self, message_id: str) -> None:
+        super().__init__(f"no dead letter with message id {message_id!r}")
+        self.message_id = message_id
 
 
 class StorageUnavailable(WorldError):

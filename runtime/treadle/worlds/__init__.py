@@ -26,7 +26,10 @@ async def open_world(
     ``TREADLE_NATS_URL``)."""
     scheme, _, rest = url.partition(":")
     if tuning is None and settings is not None:
-        tuning = contract.QueueTuning(lease_seconds=settings.TREADLE_QUEUE_LEASE_SECONDS)
+        tuning = contract.QueueTuning(
+            lease_seconds=settings.TREADLE_QUEUE_LEASE_SECONDS,
+            max_failed_deliveries=settings.TREADLE_QUEUE_MAX_FAILED_DELIVERIES,
+        )
     if scheme == "local":
         from treadle.worlds.local import LocalWorld
 
