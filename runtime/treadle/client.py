@@ -85,6 +85,8 @@ class Run:
 
     async def cancel(self, reason: str | None = None) -> None:
         """Cancel the run (out-of-band ``run_cancelled``); pending timers find it ended."""
+        if reason is not None:
+            limits.check_string(reason, "cancel reason")
         world = await self.app.world()
         await world.events.create(self.run_id, events.RunCancelled(reason=reason), in_band=False)
 
@@ -128,6 +130,8 @@ async def start_run(
     recorded, and a second start message is only a wake for a run that exists.
     """
     limits.check_value(data, f"workflow {name} input", limits_, envelope=2)
+    if attributes:
+        limits.check_value(attributes, f"workflow {name} attributes", limits_)
     run = await world.runs.create(
         workflow_name=name,
         input=data,

@@ -117,6 +117,14 @@ def check_string(value: str, path: str) -> None:
             ) from None
 
 
+def storable(text: str) -> str:
+    """``text`` escaped where no World could store it alike (an error message, a stack):
+    a NUL becomes ``\\x00``, a lone surrogate its ``\\udXXX`` escape."""
+    if text.isascii():
+        return text.replace("\x00", "\\x00")
+    return text.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def check_int(value: int, path: str) -> None:
     if value.bit_length() > MAX_INT_BITS:
         raise errors.SerializationError(

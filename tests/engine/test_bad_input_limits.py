@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from treadle import Hook, StepFailed, Workflows, create_hook
+from treadle import FatalError, Hook, StepFailed, Workflows, create_hook
 from treadle.errors import RunFailedError, SerializationError, ValueLimitExceeded
 from treadle.world import events
 
@@ -296,3 +296,30 @@ async def test_resume_hook_with_a_refused_payload_records_nothing(make_app: Make
     assert "hook_received" not in [e.type for e in await run.events()]
     await app.resume_hook("limits:answer", {"text": "ok"})
     assert await run.result(timeout=20) == "ok"
+
+
+async def test_a_step_error_with_a_nul_is_recorded_escaped_and_the_body_runs_once(
+    make_app: MakeApp,
+) -> None:
+    """M4's cousin: an exception message with a NUL made the step_failed write fail on
+    PostgreSQL, so the body ran again. The error is stored escaped, once."""
+    app = make_app(WORKFLOW_MAX_INLINE_STEPS=0)
+    ran: Counter[str] = Counter()
+
+    @app.step
+    async def refuse() -> None:
+        ran["refuse"] += 1
+        raise FatalError("card\x00declined")
+
+    @app.workflow
+    async def nul_error() -> str:
+        try:
+            await refuse()
+        except StepFailed as exc:
+            return exc.error_message
+        return "not reached"
+
+    run = await app.start(nul_error)
+    assert await run.result(timeout=20) == "card\\x00declined"
+    assert ran["refuse"] == 1
+    assert Counter(e.type for e in await run.events())["step_failed"] == 1

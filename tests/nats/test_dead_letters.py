@@ -185,7 +185,7 @@ async def test_an_orchestrator_message_reaching_a_steps_only_worker_is_handed_ba
         )
         # Until an orchestrator worker exists the message waits on its own kind's subject.
         right = steps_only.names.subject("orchestrator", None, run_id)
-        assert await _subjects(steps_only, right) == {right: 1}
+        assert await _subjects(steps_only, {right: 1}) == {right: 1}
         bucket = await steps_only.js.key_value(steps_only.names.lease_bucket)
         with pytest.raises(nats.js.errors.KeyNotFoundError):
             await bucket.get(steps_only.names.lease_key(run_id))  # no lease was taken
@@ -205,13 +205,14 @@ async def test_an_orchestrator_message_reaching_a_steps_only_worker_is_handed_ba
     assert taken.meta.delivery_count == 1
 
 
-async def _subjects(queue: Any, wanted: str) -> dict[str, int]:
-    """The stream's messages by subject once ``wanted`` holds one (another task moves it)."""
+async def _subjects(queue: Any, expected: dict[str, int]) -> dict[str, int]:
+    """The stream's messages by subject, once they are ``expected`` (another task moves
+    them) or the wait is over."""
     deadline = time.monotonic() + WAIT_SECONDS
     while True:
         info = await queue.js.stream_info(queue.names.stream, subjects_filter=">")
         found = dict(info.state.subjects or {})
-        if wanted in found or time.monotonic() > deadline:
+        if found == expected or time.monotonic() > deadline:
             return found
         await asyncio.sleep(0.05)  # polling the stream: the hand-back is another task's
 

@@ -46,6 +46,8 @@ class HookHandle:
 def create_hook(token: str, *, metadata: JsonValue = None) -> HookHandle:
     """Create a hook in workflow code; its token must be unique among live hooks."""
     limits.check_hook_token(token)
+    if metadata is not None:
+        limits.check_value(metadata, "hook metadata")
     replay = context.require_replay("create_hook()")
     return HookHandle(replay.create_hook(token, metadata))
 
