@@ -45,15 +45,19 @@ def _class_path(cls: type) -> str:
     return f"{cls.__module__}:{cls.__qualname__}"
 
 
-def encode(value: Any, path: str = "value", *, limits: lim.Limits | None = None) -> JsonValue:
+def encode(
+    value: Any, path: str = "value", *, limits: lim.Limits | None = None, sized: bool = True
+) -> JsonValue:
     """A Python value as JSON-compatible data; raises ``SerializationError``.
 
     Within ``limits`` (default ``treadle.limits.active()``): its depth, its strings
-    and its stored size are checked here, so nothing refused is ever written.
+    and (unless ``sized=False``: the caller checks a whole it is part of) its stored
+    size are checked here, so nothing refused is ever written.
     """
     limits = limits or lim.active()
     data = _encode(value, path, 0, limits)
-    lim.check_size(data, path, limits)
+    if sized:
+        lim.check_size(data, path, limits)
     return data
 
 

@@ -40,10 +40,12 @@ def encode_arguments(
     """
     data: JsonValue = {
         "args": [
-            serde.encode(a, f"{where} argument {i}", limits=limits_) for i, a in enumerate(args)
+            serde.encode(a, f"{where} argument {i}", limits=limits_, sized=False)
+            for i, a in enumerate(args)
         ],
         "kwargs": {
-            k: serde.encode(v, f"{where} argument {k!r}", limits=limits_) for k, v in kwargs.items()
+            k: serde.encode(v, f"{where} argument {k!r}", limits=limits_, sized=False)
+            for k, v in kwargs.items()
         },
     }
     limits.check_size(data, f"{where} arguments", limits_)
