@@ -130,14 +130,14 @@ class NatsConsumer:
         if d.sequence in self._acked:
             # A redelivery that crossed this process's ack: the message is gone already.
             return _quietly(msg.ack())
+        if d.message.kind not in self._handlers:
+            return self._hand_back(d)
         current = self._active.get(d.sequence)
         if current is not None and self._alive(current):
             # Redelivered while this process still works on it (its progress crossed the
             # lease's end, as after a stalled loop): the running delivery carries on under it.
             current.msg = msg
             return _quietly(self._progress(current))
-        if d.message.kind not in self._handlers:
-            return self._hand_back(d)
         self._active[d.sequence] = d
         return self._deliver(d)
 
