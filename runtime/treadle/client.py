@@ -381,13 +381,13 @@ class Workflows:
     async def resume_hook(self, token: str, payload: Any = None) -> Run:
         """Deliver ``payload`` to the live hook holding ``token``; raises ``HookNotFound``."""
         limits.check_hook_token(token, self.limits)
+        world = await self.world()
+        hook = await world.hooks.get_by_token(token)
         data = serde.encode(
             payload.model_dump(mode="json") if isinstance(payload, BaseModel) else payload,
             "hook payload",
             limits=self.limits,
         )
-        world = await self.world()
-        hook = await world.hooks.get_by_token(token)
         await world.events.create(
             hook.run_id,
             events.HookReceived(correlation_id=hook.hook_id, payload=data),
