@@ -100,8 +100,9 @@ class Settings(BaseSettings):
     TREADLE_QUEUE_MAX_FAILED_DELIVERIES: int = Field(
         default=64,
         ge=1,
-        description="Deliveries of one queue message whose handler raised before it moves to "
-        "the dead letters (treadle dead-letters); keep it above WORKFLOW_MAX_QUEUE_DELIVERIES.",
+        description="A queue message whose handler raises on this delivery or a later one "
+        "(handoffs not counted) moves to the dead letters (treadle dead-letters) instead of "
+        "being retried; keep it above WORKFLOW_MAX_QUEUE_DELIVERIES, so a run fails first.",
     )
     TREADLE_DATABASE_URL: SecretStr | None = Field(
         default=None, description="PostgreSQL DSN of the postgres World (never logged)."
