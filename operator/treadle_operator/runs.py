@@ -21,6 +21,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from treadle import errors as engine_errors
+from treadle import limits
 from treadle.client import start_run
 from treadle.sdk import catalogue, functions
 from treadle.world import events, ids
@@ -177,6 +178,11 @@ def refusal(served: Any, spec: WorkflowRunSpec, revision: str) -> tuple[str, str
     problem = catalogue.check_arguments(catalogue.signature_of(entry), args, kwargs)
     if problem is not None:
         return "InvalidInput", f"workflow {spec.workflow} cannot take spec.input: {problem}"
+    try:  # the engine's limits (depth, size, NUL), before anything is recorded
+        data = functions.encode_arguments(tuple(args), kwargs, f"workflow {spec.workflow}")
+        limits.check_value(data, f"workflow {spec.workflow} input", envelope=2)
+    except engine_errors.SerializationError as exc:
+        return "InvalidInput", f"spec.input: {exc}"
     return None
 
 

@@ -17,11 +17,11 @@ from typing import Any, ParamSpec, TypeVar, overload
 
 from pydantic import BaseModel, JsonValue
 
-from treadle import clock, errors, hookresume, serde, settings
+from treadle import clock, errors, hookresume, limits, serde, settings
 from treadle.orchestrator.runtime import Runtime
 from treadle.orchestrator.worker import Role, Worker
 from treadle.sdk import functions
-from treadle.world import contract, events, ids, messages, records
+from treadle.world import constants, contract, events, ids, messages, records
 from treadle.worlds import open_world
 
 log = logging.getLogger("treadle.client")
@@ -85,6 +85,8 @@ class Run:
 
     async def cancel(self, reason: str | None = None) -> None:
         """Cancel the run (out-of-band ``run_cancelled``); pending timers find it ended."""
+        if reason is not None:
+            limits.check_string(reason, "cancel reason")
         world = await self.app.world()
         await world.events.create(self.run_id, events.RunCancelled(reason=reason), in_band=False)
 
@@ -115,12 +117,21 @@ async def start_run(
     spec_version: int,
     run_id: str,
     attributes: dict[str, JsonValue] | None = None,
+    limits_: limits.Limits | None = None,
 ) -> records.RunRecord:
     """Record a run and send its first orchestrator message.
+
+    The input is checked against ``treadle.limits`` first: a refused input
+    records nothing. An input too large for a queue message is left out of the
+    start message (the orchestrator reads it from the log: no turbo start), so
+    a start is never refused by the queue after its run is recorded.
 
     Safe to retry with the same ``run_id``: the World returns the run already
     recorded, and a second start message is only a wake for a run that exists.
     """
+    limits.check_value(data, f"workflow {name} input", limits_, envelope=2)
+    if attributes:
+        limits.check_value(attributes, f"workflow {name} attributes", limits_)
     run = await world.runs.create(
         workflow_name=name,
         input=data,
@@ -129,20 +140,26 @@ async def start_run(
         run_id=run_id,
         attributes=attributes,
     )
-    await world.queue.send(
-        messages.OrchestratorMessage(
-            run_id=run_id,
-            deployment_id=deployment_id,
-            run_input=messages.RunInput(
-                workflow_name=name,
-                input=data,
-                spec_version=spec_version,
-                deployment_id=deployment_id,
-                created_at=run.created_at,
-            ),
-        )
-    )
+    await world.queue.send(_start_message(run, data))
     return run
+
+
+def _start_message(run: records.RunRecord, data: JsonValue) -> messages.OrchestratorMessage:
+    """The run's start message; carrying its input (turbo) only if it fits a message."""
+    message = messages.OrchestratorMessage(
+        run_id=run.run_id,
+        deployment_id=run.deployment_id,
+        run_input=messages.RunInput(
+            workflow_name=run.workflow_name,
+            input=data,
+            spec_version=run.spec_version,
+            deployment_id=run.deployment_id,
+            created_at=run.created_at,
+        ),
+    )
+    if len(message.model_dump_json().encode()) > constants.MAX_MESSAGE_BYTES - 1024:
+        return _wake(run)
+    return message
 
 
 def _wake(run: records.RunRecord) -> messages.OrchestratorMessage:
@@ -257,6 +274,11 @@ class Workflows:
             self._settings = settings.load()
         return self._settings
 
+    @property
+    def limits(self) -> limits.Limits:
+        """What this app refuses before a write (``treadle.limits``, from its settings)."""
+        return limits.Limits.from_settings(self.settings)
+
     async def world(self) -> contract.World:
         async with self._open_lock:
             if self._world is None:
@@ -329,7 +351,7 @@ class Workflows:
         """Start a run of ``workflow`` with these arguments; returns at once."""
         name = workflow if isinstance(workflow, str) else workflow.name
         self.get_workflow(name)
-        data = functions.encode_arguments(args, kwargs, f"workflow {name}")
+        data = functions.encode_arguments(args, kwargs, f"workflow {name}", limits_=self.limits)
         return await self.start_encoded(name, data)
 
     async def start_encoded(self, name: str, data: JsonValue) -> Run:
@@ -342,7 +364,13 @@ class Workflows:
             deployment = await deployments.latest() or deployment
         run_id = ids.new_run_id()
         await start_run(
-            world, name=name, data=data, deployment_id=deployment, spec_version=spec, run_id=run_id
+            world,
+            name=name,
+            data=data,
+            deployment_id=deployment,
+            spec_version=spec,
+            run_id=run_id,
+            limits_=self.limits,
         )
         return Run(self, run_id)
 
@@ -360,11 +388,13 @@ class Workflows:
         (safe to call again); ``HookWakeFailed`` when the payload is recorded but the
         wake could not be sent after retries (the run sees it on its next delivery).
         """
+        limits.check_hook_token(token, self.limits)
         world = await self.world()
         hook = await world.hooks.get_by_token(token)
         data = serde.encode(
             payload.model_dump(mode="json") if isinstance(payload, BaseModel) else payload,
             "hook payload",
+            limits=self.limits,
         )
         await hookresume.record_payload(world, token, hook, data)
         await hookresume.wake(world, token, hook.run_id)

@@ -7,6 +7,7 @@ its message names them too::
     TreadleError
     ├── SettingsError                 a bad setting value (names the setting)
     ├── SerializationError            a value cannot cross the event log (names where)
+    │   └── ValueLimitExceeded        over a limit of ``treadle.limits`` (names the setting)
     ├── WorkflowError                 about workflow or step code and its runs
     │   ├── FatalError                raised by a step: fail it now, no retry
     │   ├── RetryableError            raised by a step: retry (after retry_after)
@@ -31,6 +32,7 @@ its message names them too::
         ├── EarlierItemRefused        a batch item whose correlation id had an earlier refusal
         ├── MessageTooLarge           a queue message over the size limit
         ├── HookPayloadNotRecorded    resume_hook's write failed and recorded nothing: retry it
+        ├── DeadLetterNotFound        no dead letter with that message id
         └── StorageUnavailable        the World's storage cannot be opened or used
             ├── StorageLocked         another process holds a local World
             └── IncompatibleStorage   a corrupt, foreign or newer database
@@ -60,6 +62,15 @@ class SerializationError(TreadleError):
         super().__init__(f"{path}: {reason}")
         self.path = path
         self.reason = reason
+
+
+class ValueLimitExceeded(SerializationError):
+    """A value, or a hook token, over one of ``treadle.limits``; ``setting`` tunes it."""
+
+    def __init__(self, path: str, reason: str, *, setting: str, limit: int) -> None:
+        super().__init__(path, reason)
+        self.setting = setting
+        self.limit = limit
 
 
 class WorkflowError(TreadleError):
@@ -326,6 +337,14 @@ class HookPayloadNotRecorded(WorldError):
         )
         self.token = token
         self.reason = reason
+
+
+class DeadLetterNotFound(WorldError):
+    """No dead letter has this message id (never dead, or requeued or dropped already)."""
+
+    def __init__(self, message_id: str) -> None:
+        super().__init__(f"no dead letter with message id {message_id!r}")
+        self.message_id = message_id
 
 
 class StorageUnavailable(WorldError):

@@ -5,7 +5,8 @@ JSON's own types, these round-trip exactly, as ``{"$t": tag, "v": value}``:
 datetime, date, time, timedelta, bytes, Decimal, UUID, set, frozenset, tuple,
 pydantic models and dataclasses (rebuilt by import path), and dicts with
 non-string keys or a ``$t`` key of their own. Anything else raises
-``SerializationError`` naming where in the value it sits (``order.items[2]``).
+``SerializationError`` naming where in the value it sits (``order.items[2]``),
+and so does a value over ``treadle.limits`` (depth, size, NUL characters).
 
 Called by the SDK (arguments and results) and the orchestrator (what it writes).
 """
@@ -24,6 +25,7 @@ from typing import Any
 from pydantic import BaseModel, JsonValue
 
 from treadle import errors
+from treadle import limits as lim
 
 TAG = "$t"
 
@@ -43,29 +45,68 @@ def _class_path(cls: type) -> str:
     return f"{cls.__module__}:{cls.__qualname__}"
 
 
-def encode(value: Any, path: str = "value") -> JsonValue:
-    """A Python value as JSON-compatible data; raises ``SerializationError``."""
-    if value is None or isinstance(value, bool | str):
+def encode(
+    value: Any, path: str = "value", *, limits: lim.Limits | None = None, sized: bool = True
+) -> JsonValue:
+    """A Python value as JSON-compatible data; raises ``SerializationError``.
+
+    Within ``limits`` (default ``treadle.limits.active()``): its depth, its strings
+    and (unless ``sized=False``: the caller checks a whole it is part of) its stored
+    size are checked here, so nothing refused is ever written.
+    """
+    limits = limits or lim.active()
+    data = _encode(value, path, 0, limits)
+    if sized:
+        lim.check_size(data, path, limits)
+    return data
+
+
+def _encode(value: Any, path: str, depth: int, limits: lim.Limits) -> JsonValue:
+    """``value`` encoded; ``depth`` is how many containers enclose it in the stored JSON."""
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        lim.check_string(value, path)
         return value
     if isinstance(value, int):
+        lim.check_int(value, path)
         return value
     if isinstance(value, float):
         if not math.isfinite(value):
             return _tagged("float", repr(value))
         return value
+    inner = depth + 1
+    lim.check_depth(inner, path, limits)
     if isinstance(value, list):
-        return [encode(item, f"{path}[{i}]") for i, item in enumerate(value)]
+        return [_encode(item, f"{path}[{i}]", inner, limits) for i, item in enumerate(value)]
     if isinstance(value, dict):
         if all(isinstance(k, str) for k in value) and TAG not in value:
-            return {k: encode(v, f"{path}.{k}") for k, v in value.items()}
+            out: dict[str, JsonValue] = {}
+            for k, v in value.items():
+                lim.check_string(k, f"{path}<key>")
+                out[k] = _encode(v, f"{path}.{k}", inner, limits)
+            return out
+        # {"$t": "dict", "v": [[key, value], ...]}: the pairs sit three containers in.
+        lim.check_depth(depth + 3, path, limits)
         return _tagged(
             "dict",
-            [[encode(k, f"{path}<key>"), encode(v, f"{path}[{k!r}]")] for k, v in value.items()],
+            [
+                [
+                    _encode(k, f"{path}<key>", depth + 3, limits),
+                    _encode(v, f"{path}[{k!r}]", depth + 3, limits),
+                ]
+                for k, v in value.items()
+            ],
         )
     if isinstance(value, tuple):
-        return _tagged("tuple", [encode(item, f"{path}[{i}]") for i, item in enumerate(value)])
+        lim.check_depth(depth + 2, path, limits)
+        return _tagged(
+            "tuple",
+            [_encode(item, f"{path}[{i}]", depth + 2, limits) for i, item in enumerate(value)],
+        )
     if isinstance(value, set | frozenset):
-        items = [encode(item, f"{path}<item>") for item in value]
+        lim.check_depth(depth + 2, path, limits)
+        items = [_encode(item, f"{path}<item>", depth + 2, limits) for item in value]
         items.sort(key=repr)  # a stable order, so equal sets encode equally
         return _tagged("frozenset" if isinstance(value, frozenset) else "set", items)
     if isinstance(value, dt.datetime):
@@ -75,6 +116,7 @@ def encode(value: Any, path: str = "value") -> JsonValue:
     if isinstance(value, dt.time):
         return _tagged("time", value.isoformat())
     if isinstance(value, dt.timedelta):
+        lim.check_depth(depth + 2, path, limits)
         return _tagged("timedelta", [value.days, value.seconds, value.microseconds])
     if isinstance(value, bytes | bytearray):
         return _tagged("bytes", base64.b64encode(bytes(value)).decode("ascii"))
@@ -87,14 +129,15 @@ def encode(value: Any, path: str = "value") -> JsonValue:
             cls = _class_path(type(value))
         except TypeError as exc:
             raise SerializationError(path, str(exc)) from None
-        return {TAG: "model", "cls": cls, "v": encode(value.model_dump(mode="python"), path)}
+        fields_ = _encode(value.model_dump(mode="python"), path, inner, limits)
+        return {TAG: "model", "cls": cls, "v": fields_}
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         try:
             cls = _class_path(type(value))
         except TypeError as exc:
             raise SerializationError(path, str(exc)) from None
         fields = {f.name: getattr(value, f.name) for f in dataclasses.fields(value) if f.init}
-        return {TAG: "dataclass", "cls": cls, "v": encode(fields, path)}
+        return {TAG: "dataclass", "cls": cls, "v": _encode(fields, path, inner, limits)}
     raise SerializationError(
         path,
         f"a {type(value).__qualname__} cannot cross the event log; use JSON types, datetime, "

@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from treadle import errors
+from treadle import errors, limits
 from treadle.world import constants
 
 
@@ -76,6 +76,33 @@ class Settings(BaseSettings):
         gt=0,
         description="How long a delivery holds its message without a heartbeat before it is "
         "redelivered (a dead worker's deliveries come back after this).",
+    )
+    TREADLE_MAX_VALUE_DEPTH: int = Field(
+        default=limits.DEFAULT_MAX_DEPTH,
+        ge=1,
+        le=limits.MAX_MAX_DEPTH,
+        description="Deepest nesting of lists and objects in a value crossing the log "
+        "(inputs, step arguments and results, hook payloads, outputs); refused before a write.",
+    )
+    TREADLE_MAX_VALUE_BYTES: int = Field(
+        default=limits.DEFAULT_MAX_VALUE_BYTES,
+        ge=1024,
+        le=limits.MAX_MAX_VALUE_BYTES,
+        description="Largest value crossing the log, in bytes of JSON (4 MiB); refused "
+        "before a write.",
+    )
+    TREADLE_MAX_HOOK_TOKEN_BYTES: int = Field(
+        default=limits.DEFAULT_MAX_HOOK_TOKEN_BYTES,
+        ge=1,
+        le=limits.MAX_MAX_HOOK_TOKEN_BYTES,
+        description="Longest hook token, in bytes of UTF-8.",
+    )
+    TREADLE_QUEUE_MAX_FAILED_DELIVERIES: int = Field(
+        default=64,
+        ge=1,
+        description="A queue message whose handler raises on this delivery or a later one "
+        "(handoffs not counted) moves to the dead letters (treadle dead-letters) instead of "
+        "being retried; keep it above WORKFLOW_MAX_QUEUE_DELIVERIES, so a run fails first.",
     )
     TREADLE_DATABASE_URL: SecretStr | None = Field(
         default=None, description="PostgreSQL DSN of the postgres World (never logged)."

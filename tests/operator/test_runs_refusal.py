@@ -45,3 +45,21 @@ def test_bad_input_says_why() -> None:
 def test_mirror_names_are_dns_labels() -> None:
     name = runs.mirror_name("Order_Flow!", "wrun_01JABCDEFGHJKMNPQRSTVWXYZ0")
     assert name == "order-flow-01jabcdefghjkmnpqrstvwxyz0"
+
+
+def test_input_the_engine_cannot_store_is_refused_before_a_run_is_recorded() -> None:
+    """security.md M2, M3, M4: a NUL or a nesting past TREADLE_MAX_VALUE_DEPTH in
+    spec.input refuses the WorkflowRun (InvalidInput) instead of failing after the start."""
+    reason, message = runs.refusal(
+        SERVED, _spec(input={"order_id": "o\u0000", "amount": 1}), "r"
+    ) or ("", "")
+    assert reason == "InvalidInput"
+    assert "argument 'order_id': a string with a NUL" in message
+    deep: JsonValue = 1
+    for _ in range(100):
+        deep = [deep]
+    reason, message = runs.refusal(SERVED, _spec(input={"order_id": "o", "amount": deep}), "r") or (
+        "",
+        "",
+    )
+    assert reason == "InvalidInput" and "TREADLE_MAX_VALUE_DEPTH" in message

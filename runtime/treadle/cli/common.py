@@ -33,6 +33,8 @@ def parse_json(text: str, option: str) -> Any:
         raise UsageError(
             f"{option} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
         ) from None
+    except RecursionError:
+        raise UsageError(f"{option} nests too deep to read (see TREADLE_MAX_VALUE_DEPTH)") from None
 
 
 def parse_input(text: str | None) -> tuple[list[Any], dict[str, Any]]:

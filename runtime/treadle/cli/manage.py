@@ -1,5 +1,5 @@
-"""The commands that only read or write the World: ``runs``, ``inspect``, ``hooks``
-and ``settings``. They load no user code and start no worker.
+"""The commands that only read or write the World: ``runs``, ``inspect``, ``hooks``,
+``dead-letters`` and ``settings``. They load no user code and start no worker.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pydantic_core import PydanticUndefined
 from treadle import settings
 from treadle.cli import common, output
 from treadle.client import Workflows
-from treadle.world import records
+from treadle.world import contract, records
 
 
 @asynccontextmanager
@@ -131,6 +131,73 @@ async def cmd_hooks_resume(args: argparse.Namespace) -> int:
         output.emit_json({"token": args.token, "run_id": run.run_id})
     else:
         output.out(f"hook {args.token!r} resumed run {run.run_id}")
+    return common.OK
+
+
+async def _dead_letters(app: Workflows) -> contract.DeadLetters:
+    queue = (await app.world()).queue
+    if not isinstance(queue, contract.DeadLetters):
+        raise common.UsageError("this World's queue keeps no dead letters")
+    return queue
+
+
+async def cmd_dead_letters_list(args: argparse.Namespace) -> int:
+    if args.limit < 1:
+        raise common.UsageError(f"--limit must be at least 1, not {args.limit}")
+    async with _client(args) as app:
+        found = await (await _dead_letters(app)).dead_letters(limit=args.limit)
+    if args.json:
+        output.emit_json(
+            [
+                {
+                    "message_id": d.message_id,
+                    "kind": d.kind,
+                    "run_id": d.run_id,
+                    "deliveries": d.deliveries,
+                    "error": d.error,
+                    "dead_at": d.dead_at.isoformat(),
+                }
+                for d in found
+            ]
+        )
+        return common.OK
+    if not found:
+        output.err("no dead letters")
+        return common.OK
+    output.table(
+        ["MESSAGE ID", "KIND", "RUN ID", "DELIVERIES", "DEAD AT (UTC)", "LAST ERROR"],
+        [
+            [
+                d.message_id,
+                d.kind,
+                d.run_id or "-",
+                str(d.deliveries),
+                output.short_time(d.dead_at),
+                d.error[:80],
+            ]
+            for d in found
+        ],
+    )
+    return common.OK
+
+
+async def cmd_dead_letters_requeue(args: argparse.Namespace) -> int:
+    async with _client(args) as app:
+        await (await _dead_letters(app)).requeue_dead_letter(args.message)
+    if args.json:
+        output.emit_json({"message_id": args.message, "requeued": True})
+    else:
+        output.out(f"dead letter {args.message} requeued")
+    return common.OK
+
+
+async def cmd_dead_letters_drop(args: argparse.Namespace) -> int:
+    async with _client(args) as app:
+        await (await _dead_letters(app)).drop_dead_letter(args.message)
+    if args.json:
+        output.emit_json({"message_id": args.message, "dropped": True})
+    else:
+        output.out(f"dead letter {args.message} dropped")
     return common.OK
 
 

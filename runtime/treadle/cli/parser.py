@@ -119,6 +119,26 @@ def build_parser() -> Parser:
     resume.add_argument("--payload", metavar="JSON", help="the payload, as JSON (default null)")
     resume.set_defaults(handler=manage.cmd_hooks_resume)
 
+    dead = commands.add_parser(
+        "dead-letters",
+        help="queue messages that failed too often: list, requeue or drop them",
+        description="A queue message whose handler raised on "
+        "TREADLE_QUEUE_MAX_FAILED_DELIVERIES deliveries, or that is not a treadle message, "
+        "is moved to the dead letters instead of retried for ever.",
+    )
+    dead_commands = dead.add_subparsers(dest="dead_command", metavar="COMMAND", required=True)
+    dead_list = dead_commands.add_parser("list", parents=shared, help="the dead letters")
+    dead_list.add_argument("--limit", type=int, default=100, metavar="N")
+    dead_list.set_defaults(handler=manage.cmd_dead_letters_list)
+    requeue = dead_commands.add_parser(
+        "requeue", parents=shared, help="send a dead letter again, its counts from zero"
+    )
+    requeue.add_argument("message", metavar="MESSAGE_ID")
+    requeue.set_defaults(handler=manage.cmd_dead_letters_requeue)
+    drop = dead_commands.add_parser("drop", parents=shared, help="delete a dead letter")
+    drop.add_argument("message", metavar="MESSAGE_ID")
+    drop.set_defaults(handler=manage.cmd_dead_letters_drop)
+
     config = commands.add_parser(
         "settings", parents=shared, help="every setting: default, current value, meaning"
     )

@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import JsonValue
 
-from treadle import clock, errors, serde
+from treadle import clock, errors, limits, serde
 from treadle.orchestrator.runtime import Runtime
 from treadle.sdk import context, functions
 from treadle.world import constants, events, messages
@@ -38,13 +38,14 @@ class Outcome:
 
 
 def error_info(exc: BaseException) -> events.ErrorInfo:
+    """What the log records of an exception; text every World can store (``limits.storable``)."""
     stack = "".join(traceback.format_exception(exc))[-8000:]
     code = getattr(exc, "code", None)
     return events.ErrorInfo(
-        message=str(exc) or type(exc).__name__,
-        type=type(exc).__name__,
-        code=code if isinstance(code, str) else None,
-        stack=stack,
+        message=limits.storable(str(exc) or type(exc).__name__),
+        type=limits.storable(type(exc).__name__),
+        code=limits.storable(code) if isinstance(code, str) else None,
+        stack=limits.storable(stack),
     )
 
 

@@ -15,7 +15,7 @@ import gc
 import logging
 from typing import Literal
 
-from treadle import clock, errors
+from treadle import clock, errors, limits
 from treadle.orchestrator import pinning, steps, timers
 from treadle.orchestrator.delivery import OrchestratorDelivery
 from treadle.orchestrator.runtime import Runtime
@@ -47,6 +47,7 @@ class Worker:
         self.role = role
         self.concurrency = concurrency
         self._consumer: contract.Consumer | None = None
+        self._limits = limits.Limits.from_settings(rt.settings)
 
     async def start(self) -> None:
         _freeze_startup_objects()
@@ -71,6 +72,8 @@ class Worker:
         message: messages.OrchestratorMessage | messages.StepMessage,
         meta: messages.DeliveryMeta,
     ) -> messages.HandlerResult:
+        # Workflow code and step bodies encode under this worker's limits (its settings).
+        limits.use(self._limits)
         if isinstance(message, messages.StepMessage):
             return await steps.handle_step_message(self.rt, message, meta)
         if message.is_intermediate_hop:

@@ -17,7 +17,7 @@ from typing import Any, Generic, ParamSpec, TypeVar
 
 from pydantic import JsonValue
 
-from treadle import errors, serde
+from treadle import errors, limits, serde
 from treadle.sdk import context
 
 P = ParamSpec("P")
@@ -27,12 +27,29 @@ DEFAULT_MAX_RETRIES = 3
 MAX_MAX_RETRIES = 100
 
 
-def encode_arguments(args: tuple[Any, ...], kwargs: dict[str, Any], where: str) -> JsonValue:
-    """``{"args": [...], "kwargs": {...}}`` as log JSON; names the argument that fails."""
-    return {
-        "args": [serde.encode(a, f"{where} argument {i}") for i, a in enumerate(args)],
-        "kwargs": {k: serde.encode(v, f"{where} argument {k!r}") for k, v in kwargs.items()},
+def encode_arguments(
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    where: str,
+    *,
+    limits_: limits.Limits | None = None,
+) -> JsonValue:
+    """``{"args": [...], "kwargs": {...}}`` as log JSON; names the argument that fails.
+
+    Each argument, and all of them together, within ``treadle.limits``.
+    """
+    data: JsonValue = {
+        "args": [
+            serde.encode(a, f"{where} argument {i}", limits=limits_, sized=False)
+            for i, a in enumerate(args)
+        ],
+        "kwargs": {
+            k: serde.encode(v, f"{where} argument {k!r}", limits=limits_, sized=False)
+            for k, v in kwargs.items()
+        },
     }
+    limits.check_size(data, f"{where} arguments", limits_)
+    return data
 
 
 def decode_arguments(data: JsonValue) -> tuple[list[Any], dict[str, Any]]:

@@ -12,7 +12,7 @@ from typing import Any, Self
 
 from pydantic import BaseModel, JsonValue
 
-from treadle import errors
+from treadle import errors, limits
 from treadle.replay import operations
 from treadle.sdk import context
 from treadle.sdk.durations import Duration, to_seconds
@@ -54,8 +54,9 @@ class HookHandle:
 
 def create_hook(token: str, *, metadata: JsonValue = None) -> HookHandle:
     """Create a hook in workflow code; its token must be unique among live hooks."""
-    if not isinstance(token, str) or not token:
-        raise ValueError("a hook token must be a non-empty string")
+    limits.check_hook_token(token)
+    if metadata is not None:
+        limits.check_value(metadata, "hook metadata")
     replay = context.require_replay("create_hook()")
     return HookHandle(replay.create_hook(token, metadata))
 

@@ -46,5 +46,3 @@ MAX_LOCAL_HANDOFFS: Final = MAX_HANDOFFS  # the older name
 # The longest Redeliver delay; a longer or non-finite one is clamped to it.
 MAX_REDELIVER_SECONDS: Final = 900.0
 FENCE_REFUSAL_REDELIVERY_SECONDS: Final = 1.0
-# A local message whose handler raised this many times goes to the dead letters.
-MAX_LOCAL_FAILED_DELIVERIES: Final = 256

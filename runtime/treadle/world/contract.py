@@ -45,7 +45,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Protocol, TypeAlias
+from typing import Protocol, TypeAlias, runtime_checkable
 
 from pydantic import JsonValue
 
@@ -77,11 +77,15 @@ class QueueTuning:
     ``lease_seconds``: how long a delivery holds its message without a heartbeat
     (a live delivery renews it every third of it). ``backoff_*``: redelivery
     delay after a handler raised, doubling per attempt from base up to max.
+    ``max_failed_deliveries``: past it, a message whose handler raised again is
+    moved to the dead letters (``DeadLetters``) instead of redelivered.
     """
 
     lease_seconds: float = 30.0
     backoff_base_seconds: float = 1.0
     backoff_max_seconds: float = 300.0
+    # A message whose handler raised on this many deliveries moves to the dead letters.
+    max_failed_deliveries: int = 64
 
     def backoff_seconds(self, attempt: int) -> float:
         delay: float = self.backoff_base_seconds * 2.0 ** max(attempt - 1, 0)
@@ -260,3 +264,22 @@ class World(Protocol):
     queue: Queue
 
     async def close(self) -> None: ...
+
+
+@runtime_checkable
+class DeadLetters(Protocol):
+    """A queue that moves poison messages aside (``treadle dead-letters``).
+
+    A message is dead once its handler raised on ``max_failed_deliveries``
+    deliveries, or at once when it is not a treadle message at all. It is kept,
+    with why it died, until requeued (sent again as new: its counts start over)
+    or dropped. Both raise ``DeadLetterNotFound`` for an id that is not dead.
+    """
+
+    async def dead_letters(self, *, limit: int = 100) -> list[records.DeadLetter]:
+        """The dead letters, oldest first."""
+        ...
+
+    async def requeue_dead_letter(self, message_id: str) -> None: ...
+
+    async def drop_dead_letter(self, message_id: str) -> None: ...

@@ -143,3 +143,19 @@ class HookRecord:
     hook_id: str
     created_at: datetime
     metadata: JsonValue = None
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """A queue message moved aside after too many failed deliveries.
+
+    ``kind`` is the message's kind, or ``"unknown"`` for a payload that is not a
+    treadle message; ``error`` is the last failure (or why it could not be read).
+    """
+
+    message_id: str
+    kind: str
+    run_id: str | None
+    deliveries: int
+    error: str
+    dead_at: datetime

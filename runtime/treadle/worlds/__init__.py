@@ -29,7 +29,10 @@ async def open_world(
     for tests and trials; nothing outlives the process)."""
     scheme, _, rest = url.partition(":")
     if tuning is None and settings is not None:
-        tuning = contract.QueueTuning(lease_seconds=settings.TREADLE_QUEUE_LEASE_SECONDS)
+        tuning = contract.QueueTuning(
+            lease_seconds=settings.TREADLE_QUEUE_LEASE_SECONDS,
+            max_failed_deliveries=settings.TREADLE_QUEUE_MAX_FAILED_DELIVERIES,
+        )
     if scheme == "local":
         from treadle.worlds.local import LocalWorld
 

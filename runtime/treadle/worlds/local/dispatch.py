@@ -10,7 +10,9 @@ the lease gone sets the delivery's ``DeliveryMeta.lease_lost``, so the handler
 stops at once. When a delivery's ack is
 refused because messages were coalesced into it, the handler runs again in
 the same delivery (``delivery_count + rerun``, same ``attempt``), up to
-``MAX_COALESCED_RERUNS`` times, then the message is handed off.
+``MAX_COALESCED_RERUNS`` times, then the message is handed off. A payload that
+is not a treadle message goes to the dead letters at once; a message of a kind
+this consumer does not serve is handed back (ready again, uncounted).
 """
 
 from __future__ import annotations
@@ -21,8 +23,10 @@ import functools
 import logging
 import time
 
+import pydantic
+
 from treadle.world import constants, contract, messages
-from treadle.worlds.local import queue
+from treadle.worlds.local import deadletters, queue
 
 log = logging.getLogger("treadle.worlds.local.dispatch")
 
@@ -112,8 +116,24 @@ class LocalConsumer:
         self._wake.set()
 
     async def _deliver(self, leased: queue.Leased) -> None:
-        message = messages.MESSAGE_ADAPTER.validate_json(leased.payload)
-        handler = self._handlers[message.kind]
+        try:
+            message = messages.MESSAGE_ADAPTER.validate_json(leased.payload)
+        except pydantic.ValidationError as exc:
+            await self._unreadable(leased, exc)
+            return
+        handler = self._handlers.get(message.kind)
+        if handler is None:
+            log.warning(
+                "run %s: message %s is a %s message, which this consumer does not serve; "
+                "handed back",
+                message.run_id,
+                leased.message_id,
+                message.kind,
+            )
+            await self._queue.db.call(
+                functools.partial(queue.hand_back, leased=leased, kind=message.kind)
+            )
+            return
         lease_lost = asyncio.Event()
         heartbeat = asyncio.get_running_loop().create_task(self._heartbeat(leased, lease_lost))
         started_ms = int(time.time() * 1000)
@@ -152,6 +172,21 @@ class LocalConsumer:
             raise
         finally:
             heartbeat.cancel()
+
+    async def _unreadable(self, leased: queue.Leased, exc: pydantic.ValidationError) -> None:
+        """A payload that is not a treadle message never will be: a dead letter at once."""
+        reason = f"not a treadle message: {exc.error_count()} error(s): {exc.errors()[0]['msg']}"
+        moved = await self._queue.db.call(
+            functools.partial(
+                deadletters.move_unreadable,
+                message_id=leased.message_id,
+                token=leased.token,
+                payload=leased.payload,
+                error=reason,
+            )
+        )
+        if moved:
+            log.error("message %s: %s; moved to the dead letters", leased.message_id, reason)
 
     async def _settle(
         self, leased: queue.Leased, outcome: queue.Outcome, covered: int

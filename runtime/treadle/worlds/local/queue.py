@@ -4,8 +4,10 @@ This module owns the rows and every state change of a message, each one a
 function run on the database thread: ``send_many`` (with key dedupe and the
 run gate decided at the send), ``claim`` (lapsed leases back to ready, due
 messages leased, messages for a held run coalesced into the holder),
-``renew`` (a live delivery's heartbeat) and ``settle`` (what a handler's
-answer does). ``dispatch.LocalConsumer`` drives them.
+``renew`` (a live delivery's heartbeat), ``settle`` (what a handler's
+answer does; past ``max_failed_deliveries`` failures, ``deadletters.move``) and
+``hand_back`` (a message of a kind its consumer does not serve).
+``dispatch.LocalConsumer`` drives them.
 
 A message row is ``ready`` (waiting, perhaps delayed) or ``leased`` (being
 delivered). A gated message (a spec 9 run's orchestrator message) joins its
@@ -25,7 +27,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from treadle import errors
-from treadle.world import constants, contract, ids, messages, routing
+from treadle.world import constants, contract, ids, messages, records, routing
+from treadle.worlds.local import deadletters
 from treadle.worlds.local.database import Database, now_us, transaction
 
 _US = 1_000_000
@@ -252,8 +255,16 @@ def settle(
                     )
             case Failed(error=error):
                 failures = leased.delivery_count - leased.handoffs
-                if failures >= constants.MAX_LOCAL_FAILED_DELIVERIES:
-                    _dead_letter(conn, leased, error, now)
+                if failures >= tuning.max_failed_deliveries:
+                    deadletters.move(
+                        conn,
+                        message_id=mid,
+                        kind=leased.kind,
+                        payload=leased.payload,
+                        delivery_count=leased.delivery_count,
+                        error=error,
+                        now=now,
+                    )
                     return Settled("dead")
                 delay = tuning.backoff_seconds(failures)
                 _ready(conn, mid, now + round(delay * _US))
@@ -299,20 +310,22 @@ def _clamp_delay(seconds: float) -> float:
     return min(max(seconds, 0.0), constants.MAX_REDELIVER_SECONDS)
 
 
-def _dead_letter(conn: sqlite3.Connection, leased: Leased, error: str, now: int) -> None:
-    row = conn.execute(
-        "SELECT run_id FROM queue_messages WHERE message_id = ?", (leased.message_id,)
-    ).fetchone()
-    conn.execute(
-        "INSERT OR REPLACE INTO queue_dead_letters (message_id, kind, run_id, payload, "
-        "delivery_count, last_error, dead_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
-        (leased.message_id, leased.kind, row[0], leased.payload, leased.delivery_count, error, now),
-    )
-    conn.execute("DELETE FROM queue_messages WHERE message_id = ?", (leased.message_id,))
+def hand_back(conn: sqlite3.Connection, leased: Leased, kind: str) -> bool:
+    """A message this consumer does not serve (its row's kind was not its payload's):
+    put it back, ready now and uncounted, under its payload's kind for a consumer that
+    serves it."""
+    with transaction(conn):
+        cur = conn.execute(
+            "UPDATE queue_messages SET state = 'ready', kind = ?, available_at = ?, "
+            "delivery_count = MAX(delivery_count - 1, 0), lease_token = NULL, coalesced = 0 "
+            "WHERE message_id = ? AND lease_token = ?",
+            (kind, now_us(), leased.message_id, leased.token),
+        )
+        return cur.rowcount == 1
 
 
 class LocalQueue:
-    """Sends, and starts consumers (``dispatch.LocalConsumer``)."""
+    """Sends, starts consumers (``dispatch.LocalConsumer``), keeps dead letters."""
 
     def __init__(self, db: Database, tuning: contract.QueueTuning) -> None:
         self.db = db
@@ -349,6 +362,16 @@ class LocalQueue:
         results = await self.db.call(functools.partial(send_many, sends=prepared))
         self._wake()
         return results
+
+    async def dead_letters(self, *, limit: int = 100) -> list[records.DeadLetter]:
+        return await self.db.call(functools.partial(deadletters.listing, limit=limit))
+
+    async def requeue_dead_letter(self, message_id: str) -> None:
+        await self.db.call(functools.partial(deadletters.requeue, message_id=message_id))
+        self._wake()
+
+    async def drop_dead_letter(self, message_id: str) -> None:
+        await self.db.call(functools.partial(deadletters.drop, message_id=message_id))
 
     async def consume(
         self,

@@ -13,6 +13,10 @@ One per ``NatsQueue.consume`` call. A delivery:
    Redeliver and a raised exception nak with a delay, Handoff republishes the
    message with its identity and counts in headers and acks this copy.
 
+A message whose handler raised on ``max_failed_deliveries`` deliveries, or that
+is not a treadle message, goes to the dead letters (``deadletters.bury``); one
+of a kind this worker does not serve is handed back to its kind's subject.
+
 JetStream acks by stream sequence, so an old delivery's ack would settle a
 newer one. A delivery therefore keeps its own lease clock: once it went a lease
 (less a margin) without a heartbeat it sets its ``lease_lost`` (the handler's
@@ -39,7 +43,7 @@ import nats.errors
 from nats.aio.msg import Msg
 
 from treadle.world import constants, contract, messages
-from treadle.worlds.nats import delivery, leases, names
+from treadle.worlds.nats import deadletters, delivery, leases, names
 from treadle.worlds.nats.delivery import Delivery
 from treadle.worlds.nats.pulling import Puller, Slots
 
@@ -125,11 +129,12 @@ class NatsConsumer:
         try:
             d = delivery.read_delivery(msg, self._queue.names)
         except (ValueError, nats.errors.Error) as exc:
-            log.error("message on %s is not a treadle message (%s); terminated", msg.subject, exc)
-            return _quietly(msg.term())
+            return self._bury_unreadable(msg, exc)
         if d.sequence in self._acked:
             # A redelivery that crossed this process's ack: the message is gone already.
             return _quietly(msg.ack())
+        if d.message.kind not in self._handlers:
+            return self._hand_back(d)
         current = self._active.get(d.sequence)
         if current is not None and self._alive(current):
             # Redelivered while this process still works on it (its progress crossed the
@@ -140,6 +145,49 @@ class NatsConsumer:
             self._lapsed(current)  # the new copy is the message now; the old one stops
         self._active[d.sequence] = d
         return self._deliver(d)
+
+    async def _bury_unreadable(self, msg: Msg, exc: Exception) -> None:
+        """Not a treadle message, and never will be: a dead letter at once."""
+        headers = msg.headers or {}
+        seq = msg.metadata.sequence.stream
+        with contextlib.suppress(Exception):
+            await deadletters.bury(
+                self._queue,
+                msg,
+                message_id=headers.get(names.MESSAGE_ID) or f"seq-{seq}",
+                kind="unknown",
+                run_id=None,
+                deliveries=msg.metadata.num_delivered,
+                error=f"not a treadle message on {msg.subject}: {exc}",
+            )
+
+    async def _hand_back(self, d: Delivery) -> None:
+        """A message of a kind this worker does not serve (an orchestrator message on a
+        step subject, say): republish it to its kind's subject, then ack this copy; it
+        takes no run lease and runs no handler here."""
+        message = d.message
+        target = self._queue.names.subject(message.kind, message.deployment_id, message.run_id)
+        log.warning(
+            "run %s: message %s is a %s message on %s, which this worker does not serve; "
+            "handed back to %s",
+            message.run_id,
+            d.message_id,
+            message.kind,
+            d.msg.subject,
+            target,
+        )
+        if target == d.msg.subject:
+            await _quietly(d.msg.nak(delay=self._lease))  # no consumer here can take it
+            return
+        headers = {
+            names.MESSAGE_ID: d.message_id,
+            names.DELIVERY_OFFSET: "0",
+            names.NATS_MSG_ID: f"handback-{d.sequence}",
+        }
+        if d.key is not None:
+            headers[names.KEY] = names.encode_key(d.key)
+        await self._queue.js.publish(target, d.msg.data, headers=headers)
+        await self._ack(d)
 
     async def _deliver(self, d: Delivery) -> None:
         heartbeat = asyncio.get_running_loop().create_task(self._heartbeat(d))
@@ -227,9 +275,25 @@ class NatsConsumer:
                 await d.msg.nak(delay=delivery.clamp_delay(seconds))
             case messages.Handoff():
                 await self._handoff(d)
-            case delivery.Failed():
+            case delivery.Failed(error=error):
                 await self._let_go(d)
+                if d.attempt >= self._queue.tuning.max_failed_deliveries:
+                    await self._bury(d, error)
+                    return
                 await d.msg.nak(delay=self._queue.tuning.backoff_seconds(d.attempt))
+
+    async def _bury(self, d: Delivery, error: str) -> None:
+        """Failed ``max_failed_deliveries`` times: to the dead letters, not retried again."""
+        self._acked[d.sequence] = time.monotonic()
+        await deadletters.bury(
+            self._queue,
+            d.msg,
+            message_id=d.message_id,
+            kind=d.message.kind,
+            run_id=d.message.run_id,
+            deliveries=d.delivery_count,
+            error=error,
+        )
 
     async def _handoff(self, d: Delivery) -> None:
         """Republish the message with its identity and counts, then ack this copy.

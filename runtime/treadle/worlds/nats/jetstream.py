@@ -140,6 +140,8 @@ async def ensure_consumer(
         "ack_policy": "explicit",
         # The delivery lease: a delivery that sends no progress for this long is redelivered.
         "ack_wait": max(int(lease_seconds * _NS), 1_000_000),
+        # Unbounded here: the consumer counts failed deliveries itself and moves a message
+        # past TREADLE_QUEUE_MAX_FAILED_DELIVERIES to the dead letters (``deadletters``).
         "max_deliver": -1,
         # Messages backing off count as pending; never stop delivering for them.
         "max_ack_pending": -1,

@@ -5,6 +5,7 @@ One stream holds every deployment's messages on per-run subjects::
     <prefix>.<deployment>.orch.<run_id>     orchestrator messages
     <prefix>.<deployment>.step.<run_id>     step messages
     <prefix>.<deployment>.sched.<msg_id>    a delayed send's schedule, until it fires
+    <prefix>.<deployment>.dead.<msg_id>     a dead letter (no consumer reads it)
 
 Each deployment has two durable pull consumers (``<deployment>_orch`` and
 ``<deployment>_step``) and its run leases live in one KV bucket per stream under
@@ -32,6 +33,13 @@ KEY: Final = "Treadle-Key"
 # Deliveries before this stream message (a handoff's republish carries them on).
 DELIVERY_OFFSET: Final = "Treadle-Delivery-Offset"
 HANDOFFS: Final = "Treadle-Handoffs"
+# A dead letter's headers: why and where it died (``deadletters``).
+DEAD_KIND: Final = "Treadle-Dead-Kind"
+DEAD_RUN_ID: Final = "Treadle-Dead-Run-Id"
+DEAD_SUBJECT: Final = "Treadle-Dead-Subject"
+DEAD_DELIVERIES: Final = "Treadle-Dead-Deliveries"
+DEAD_ERROR: Final = "Treadle-Dead-Error"
+DEAD_AT: Final = "Treadle-Dead-At"
 # JetStream's own headers.
 NATS_MSG_ID: Final = "Nats-Msg-Id"
 NATS_SCHEDULE: Final = "Nats-Schedule"
@@ -96,6 +104,14 @@ class Names:
 
     def schedule_subject(self, deployment: str | None, message_id: str) -> str:
         return f"{self.prefix}.{token(deployment or self.deployment)}.sched.{token(message_id)}"
+
+    def dead_subject(self, message_id: str) -> str:
+        return f"{self.prefix}.{token(self.deployment)}.dead.{token(message_id)}"
+
+    @property
+    def dead_filter(self) -> str:
+        """Every deployment's dead letters."""
+        return f"{self.prefix}.*.dead.>"
 
     @property
     def stream_subjects(self) -> list[str]:

@@ -39,8 +39,8 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 
 from treadle import errors
-from treadle.world import constants, contract, ids, messages, routing
-from treadle.worlds.nats import jetstream, leases, names
+from treadle.world import constants, contract, ids, messages, records, routing
+from treadle.worlds.nats import deadletters, jetstream, leases, names
 from treadle.worlds.nats.consumer import NatsConsumer
 
 log = logging.getLogger("treadle.worlds.nats")
@@ -226,6 +226,15 @@ class NatsQueue:
         await consumer.start(durable)
         self.consumers.append(consumer)
         return consumer
+
+    async def dead_letters(self, *, limit: int = 100) -> list[records.DeadLetter]:
+        return await deadletters.listing(self, limit)
+
+    async def requeue_dead_letter(self, message_id: str) -> None:
+        await deadletters.requeue(self, message_id)
+
+    async def drop_dead_letter(self, message_id: str) -> None:
+        await deadletters.drop(self, message_id)
 
     async def pending(self, kind: messages.MessageKind, deployment_id: str) -> int:
         """``kind`` messages of ``deployment_id`` not yet finished (for scaling workers)."""
