@@ -18,6 +18,7 @@ from typing import Any, ParamSpec, TypeVar, overload
 from pydantic import BaseModel, JsonValue
 
 from treadle import clock, errors, serde, settings
+from treadle.orchestrator import compat
 from treadle.orchestrator.runtime import Runtime
 from treadle.orchestrator.worker import Role, Worker
 from treadle.sdk import functions
@@ -86,6 +87,7 @@ class Run:
     async def cancel(self, reason: str | None = None) -> None:
         """Cancel the run (out-of-band ``run_cancelled``); pending timers find it ended."""
         world = await self.app.world()
+        compat.require_known_format(await world.runs.get(self.run_id))
         await world.events.create(self.run_id, events.RunCancelled(reason=reason), in_band=False)
 
     async def wake_up(self, waits: list[str] | None = None) -> int:
@@ -95,12 +97,12 @@ class Run:
         when the wake is coalesced into a running delivery.
         """
         world = await self.app.world()
+        run = compat.require_known_format(await world.runs.get(self.run_id))
         page_events = await self.events()
         open_waits = {e.correlation_id for e in page_events if e.type == "wait_created"} - {
             e.correlation_id for e in page_events if e.type == "wait_completed"
         }
         asked = open_waits if waits is None else open_waits & set(waits)
-        run = await world.runs.get(self.run_id)
         await world.events.create(self.run_id, events.WakeRequested(waits=waits), in_band=False)
         await world.queue.send(_wake(run))
         return len(asked)
@@ -120,7 +122,9 @@ async def start_run(
 
     Safe to retry with the same ``run_id``: the World returns the run already
     recorded, and a second start message is only a wake for a run that exists.
+    ``FenceNotSupported`` (nothing recorded) on a World without the in-band fence.
     """
+    compat.require_fence(world, spec_version)
     run = await world.runs.create(
         workflow_name=name,
         input=data,
@@ -354,6 +358,7 @@ class Workflows:
         """Deliver ``payload`` to the live hook holding ``token``; raises ``HookNotFound``."""
         world = await self.world()
         hook = await world.hooks.get_by_token(token)
+        compat.require_known_format(await world.runs.get(hook.run_id))
         data = serde.encode(
             payload.model_dump(mode="json") if isinstance(payload, BaseModel) else payload,
             "hook payload",

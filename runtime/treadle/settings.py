@@ -37,7 +37,16 @@ class Settings(BaseSettings):
         default=2000, ge=0, description="Tail poll while bodies run, without a live feed."
     )
     WORKFLOW_ORCHESTRATOR_FEED_POLL_INTERVAL_MS: int = Field(
-        default=10000, ge=0, description="Tail poll with a live feed (doubles up to 2x)."
+        default=10000,
+        ge=0,
+        description="Tail poll with a live feed (doubles per clean poll up to 2x; never below "
+        "the no-feed poll).",
+    )
+    WORKFLOW_ORCHESTRATOR_READ_TIMEOUT_MS: int = Field(
+        default=5000,
+        ge=0,
+        description="One tail read's deadline (3 attempts, each twice as long; then the "
+        "delivery is redelivered); 0 turns it off.",
     )
     WORKFLOW_ORCHESTRATOR_LINGER_MS: int = Field(
         default=30000,

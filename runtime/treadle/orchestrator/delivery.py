@@ -18,7 +18,8 @@ import logging
 from typing import Any
 
 from treadle import clock, errors, serde
-from treadle.orchestrator import decisions, pinning, steps
+from treadle.orchestrator import compat, decisions, pinning, steps
+from treadle.orchestrator.polling import PollSchedule
 from treadle.orchestrator.runtime import Runtime
 from treadle.orchestrator.session import RunSession
 from treadle.orchestrator.waits import WaitArmer, ms, now_ms
@@ -50,6 +51,10 @@ class OrchestratorDelivery:
         self.session = RunSession(rt, self.run_id)
         self._inline: dict[asyncio.Task[None], str] = {}
         self.waits = WaitArmer(rt, self.session, message, meta)
+        self._polls = PollSchedule(
+            poll_ms=self.settings.WORKFLOW_ORCHESTRATOR_POLL_INTERVAL_MS,
+            feed_poll_ms=self.settings.WORKFLOW_ORCHESTRATOR_FEED_POLL_INTERVAL_MS,
+        )
         self._divergences = 0
         # Turbo (the start message's first delivery): run_started goes out without waiting;
         # every later write queues on the writer behind it.
@@ -102,6 +107,7 @@ class OrchestratorDelivery:
                 state.spec_version,
             )
             return messages.Redeliver(constants.MAX_REDELIVER_SECONDS)
+        compat.require_fence(self.rt.world, state.spec_version, run_id=self.run_id)
         cap = self.settings.WORKFLOW_MAX_QUEUE_DELIVERIES
         if self.meta.attempt > cap:
             await self.session.fail_out_of_band(
@@ -308,15 +314,11 @@ class OrchestratorDelivery:
         """Wait for an inline body to settle, a new event, or ``until_ms``; True on news."""
         session = self.session
         tail = session.tail
-        poll_ms = (
-            self.settings.WORKFLOW_ORCHESTRATOR_FEED_POLL_INTERVAL_MS
-            if session.feed_live
-            else self.settings.WORKFLOW_ORCHESTRATOR_POLL_INTERVAL_MS
-        )
         limit = self.deadline_ms if until_ms is None else min(self.deadline_ms, until_ms)
         while True:
             session.news.clear()
             if session.has_pending:
+                self._polls.trouble()  # a push skipped a slot: the read fills the gap
                 await session.read_tail()
             if session.tail > tail or any(t.done() for t in self._inline):
                 self._reap_done()
@@ -324,14 +326,18 @@ class OrchestratorDelivery:
             remaining = limit - now_ms()
             if remaining <= 0:
                 return False
-            wait_ms = min(remaining, poll_ms) if poll_ms > 0 else remaining
+            poll_ms = self._polls.interval_ms(feed_live=session.feed_live)
+            wait_ms = remaining if poll_ms is None else min(remaining, poll_ms)
             # A settling inline body sets ``news`` too (``_start_inline``): one wait, no tasks.
             try:
                 async with asyncio.timeout(wait_ms / 1000):
                     await session.news.wait()
             except TimeoutError:
-                if poll_ms > 0:
-                    await session.read_tail()
+                if poll_ms is not None:
+                    live = session.feed_live
+                    found = await session.poll_tail()
+                    clean = found is False and live and session.feed_live
+                    self._polls.polled(clean=clean and not session.has_pending)
 
     def _reap_done(self) -> None:
         for task in [t for t in self._inline if t.done()]:

@@ -13,14 +13,15 @@ from __future__ import annotations
 
 import gc
 import logging
+from collections.abc import Awaitable
 from typing import Literal
 
 from treadle import clock, errors
-from treadle.orchestrator import pinning, steps, timers
+from treadle.orchestrator import pinning, reads, steps, timers
 from treadle.orchestrator.delivery import OrchestratorDelivery
 from treadle.orchestrator.runtime import Runtime
 from treadle.sdk import catalogue
-from treadle.world import contract, messages
+from treadle.world import contract, messages, records
 
 log = logging.getLogger("treadle.orchestrator.worker")
 
@@ -117,8 +118,17 @@ class Worker:
         )
         if consumed is None or not plain or meta.delivery_count != 1:
             return False
+
+        def read() -> Awaitable[records.EventPage]:
+            return self.rt.world.events.list(message.run_id, after_slot=consumed, limit=1)
+
         try:
-            page = await self.rt.world.events.list(message.run_id, after_slot=consumed, limit=1)
+            page = await reads.bounded(
+                read,
+                timeout_ms=self.rt.settings.WORKFLOW_ORCHESTRATOR_READ_TIMEOUT_MS,
+                run_id=message.run_id,
+                what="the no-op wake's tail read",
+            )
         except errors.RunNotFound:
             return True
         return not page.events
