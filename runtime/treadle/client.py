@@ -295,6 +295,15 @@ class Workflows:
         self._worker = worker
         return worker
 
+    async def world_with_worker(self) -> contract.World:
+        """The World, with this app's worker running in this process whichever World it
+        is (``treadle run``: the run executes here on Postgres + NATS too)."""
+        world = await self.world()
+        async with self._open_lock:
+            if self._worker is None:
+                await self._start_worker(world)
+        return world
+
     async def serve(self, role: Role = "all", concurrency: int = 32) -> Worker:
         """Start a worker on this app's World (for ``treadle worker``)."""
         self._want_worker = False

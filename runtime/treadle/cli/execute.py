@@ -97,7 +97,9 @@ async def cmd_run(args: argparse.Namespace) -> int:
         loop.add_signal_handler(signal.SIGTERM, main_task.cancel)
     try:
         try:
-            world = await app.world()  # on the local World this starts the in-process worker
+            # A worker for the run's deployment in this process, on every World: on
+            # Postgres + NATS too, where a bare app starts none.
+            world = await app.world_with_worker()
         except errors.StorageLocked as exc:
             raise common.UsageError(
                 f"{exc}; stop it, or hand it the run with: treadle start {args.target}"
