@@ -22,7 +22,7 @@ import pytest
 from treadle import Hook, sleep
 from treadle.client import start_run
 from treadle.errors import FenceNotSupported, ReadTimedOut, RunNotSupported
-from treadle.world import events, records
+from treadle.world import events, messages, records
 
 from .conftest import MakeApp
 from .faults import Answer, FaultyWorld
@@ -169,6 +169,45 @@ async def test_out_of_band_writes_to_a_run_of_an_unknown_format_are_refused_with
     assert [e.type for e in await handle.events()] == ["run_created", "hook_created"]
     assert await handle.status() == "pending"
     assert faulty.queue.sent == []
+
+
+async def test_a_step_message_of_an_unknown_format_runs_no_body_and_writes_nothing(
+    make_app: MakeApp, faulty: FaultyWorld
+) -> None:
+    """Seed 003 "The rollback floor": on a shared queue a worker can take a message of a
+    run whose format it does not know; it must not write to that run. The step's body never
+    runs, the log is unchanged and the message is left for 900 s (Redeliver), never acked."""
+    ran: list[str] = []
+    app = make_app(world=faulty)
+
+    @app.step
+    async def work() -> str:
+        ran.append("work")
+        return "ok"
+
+    answers = faulty.queue.answers = SignallingAnswers()
+    await app.world()
+    run = await _spec_8_run_with_a_hook(faulty, "old-step-token")
+    await faulty.queue.send(
+        messages.StepMessage(
+            run_id=run.run_id,
+            deployment_id="local",
+            step_id="step_1",
+            step_name="work",
+            step_created_at=run.created_at,
+            run_context=messages.RunContext(
+                spec_version=8, deployment_id="local", workflow_name="flow"
+            ),
+            input={"args": [], "kwargs": {}},
+        ),
+        key=f"step:{run.run_id}:step_1",
+    )
+    await answers.until(lambda: any(a.kind == "step" for a in answers))
+    (answer,) = [a for a in answers if a.kind == "step"]
+    assert answer.result == messages.Redeliver(900.0)
+    assert ran == []
+    after = await faulty.runs.get(run.run_id)
+    assert (after.status, after.seq) == ("pending", run.seq)
 
 
 # -- WORKFLOW_ORCHESTRATOR_READ_TIMEOUT_MS (audit section 5 "Observations") -----------------

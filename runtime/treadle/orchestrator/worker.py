@@ -6,7 +6,8 @@ settles the cheap cases: an intermediate timer hop (read the run's status,
 send the next hop, write nothing), a misrouted message (re-sent to the run's
 deployment after 1, 2, 4 s, then the run fails with ``DeploymentMismatch``),
 and a plain wake with nothing new since this process last consumed the run
-(one tail read, then ``Ack``).
+(one tail read, then ``Ack``). A step message of a run format this worker
+does not know is left alone (no body, no write; redelivered after 900 s).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from treadle.orchestrator import pinning, reads, steps, timers
 from treadle.orchestrator.delivery import OrchestratorDelivery
 from treadle.orchestrator.runtime import Runtime
 from treadle.sdk import catalogue
-from treadle.world import contract, messages, records
+from treadle.world import constants, contract, messages, records
 
 log = logging.getLogger("treadle.orchestrator.worker")
 
@@ -73,6 +74,8 @@ class Worker:
         meta: messages.DeliveryMeta,
     ) -> messages.HandlerResult:
         if isinstance(message, messages.StepMessage):
+            if message.spec_version not in constants.SUPPORTED_SPEC_VERSIONS:
+                return self._unknown_format(message)
             return await steps.handle_step_message(self.rt, message, meta)
         if message.is_intermediate_hop:
             return await self._hop(message)
@@ -81,6 +84,19 @@ class Worker:
         if await self._nothing_new(message, meta):
             return messages.ACK
         return await OrchestratorDelivery(self.rt, message, meta).run()
+
+    def _unknown_format(self, message: messages.StepMessage) -> messages.HandlerResult:
+        """A step of a run whose format this worker does not know: no body, no write; the
+        message waits for a worker of the release that created the run (RunNotSupported)."""
+        log.error(
+            "run %s: step %s has spec version %s, which this worker does not support; "
+            "leaving it for %d s",
+            message.run_id,
+            message.step_id,
+            message.spec_version,
+            constants.MAX_REDELIVER_SECONDS,
+        )
+        return messages.Redeliver(constants.MAX_REDELIVER_SECONDS)
 
     async def _hop(self, message: messages.OrchestratorMessage) -> messages.HandlerResult:
         """An intermediate hop of a long wait: status only, then the next hop."""
