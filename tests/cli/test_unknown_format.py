@@ -8,6 +8,7 @@ import asyncio
 from pathlib import Path
 
 from tests.cli.conftest import Cli, one_error_line
+
 from treadle.worlds import open_world
 
 
