@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -222,6 +223,7 @@ class HangingEvents:
         self.hang = 0
         self.hung = 0
         self.abandoned = 0
+        self.any_abandoned = asyncio.Event()
 
     async def list(
         self, run_id: str, *, after_slot: int = 0, limit: int = 1000
@@ -233,6 +235,8 @@ class HangingEvents:
                 await asyncio.Event().wait()  # a read that never returns
             except asyncio.CancelledError:
                 self.abandoned += 1
+                if self.hang == 0:
+                    self.any_abandoned.set()
                 raise
         return await self._inner.list(run_id, after_slot=after_slot, limit=limit)
 
@@ -271,3 +275,39 @@ async def test_a_hung_tail_read_releases_the_run_and_the_next_delivery_completes
     later = [a for a in answers[1:] if a.meta.message_id == first.meta.message_id]
     assert later and later[0].meta.delivery_count == 2 and later[0].error is None
     assert [e.type for e in await run.events()].count("run_completed") == 1
+
+
+async def test_a_hung_poll_while_an_inline_step_runs_is_abandoned_and_the_delivery_goes_on(
+    make_app: MakeApp, faulty: FaultyWorld, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Seed 003 "The client side": each poll of the tail runs under the read deadline with
+    a single attempt, "so one held read cannot stop later polls". Three polls in a row hang
+    while an inline step runs; each is abandoned and counts as a failed poll, the delivery
+    neither fails nor stalls, and the step's outcome completes the run in that delivery."""
+    hanging = HangingEvents(faulty.events)
+    faulty.events = hanging  # type: ignore[assignment]
+    app = make_app(
+        world=faulty,
+        WORKFLOW_ORCHESTRATOR_READ_TIMEOUT_MS=100,
+        WORKFLOW_ORCHESTRATOR_POLL_INTERVAL_MS=100,
+        WORKFLOW_ORCHESTRATOR_FEED_POLL_INTERVAL_MS=0,  # poll at 100 ms with the feed up too
+    )
+
+    @app.step
+    async def slow() -> str:
+        await hanging.any_abandoned.wait()  # runs until every hung poll was given up
+        return "ok"
+
+    @app.workflow
+    async def flow() -> str:
+        return await slow()
+
+    hanging.hang = 3
+    caplog.set_level(logging.WARNING, logger="treadle.orchestrator.reads")
+    run = await app.start(flow)
+    assert await run.result(timeout=20) == "ok"
+    assert (hanging.hung, hanging.abandoned) == (3, 3)
+    given_up = [r.getMessage() for r in caplog.records if "did not answer" in r.getMessage()]
+    assert len(given_up) == 3 and all("(attempt 1 of 1)" in m for m in given_up), given_up
+    (answer,) = faulty.queue.orchestrator_answers()
+    assert answer.error is None and answer.result == messages.ACK
