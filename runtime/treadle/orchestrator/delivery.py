@@ -18,8 +18,7 @@ import logging
 from typing import Any
 
 from treadle import clock, errors, serde
-from treadle.orchestrator import compat, decisions, pinning, steps
-from treadle.orchestrator.polling import PollSchedule
+from treadle.orchestrator import compat, decisions, pinning, polling, steps
 from treadle.orchestrator.runtime import Runtime
 from treadle.orchestrator.session import RunSession
 from treadle.orchestrator.waits import WaitArmer, ms, now_ms
@@ -51,7 +50,7 @@ class OrchestratorDelivery:
         self.session = RunSession(rt, self.run_id)
         self._inline: dict[asyncio.Task[None], str] = {}
         self.waits = WaitArmer(rt, self.session, message, meta)
-        self._polls = PollSchedule(
+        self._polls = polling.PollSchedule(
             poll_ms=self.settings.WORKFLOW_ORCHESTRATOR_POLL_INTERVAL_MS,
             feed_poll_ms=self.settings.WORKFLOW_ORCHESTRATOR_FEED_POLL_INTERVAL_MS,
         )
@@ -293,9 +292,9 @@ class OrchestratorDelivery:
             until = now_ms() + linger_ms
             next_due = self._next_wait_due_ms()
             if next_due is not None and next_due <= until:
-                await self._wait_for_news(next_due)
+                await self._wait_for_news(next_due, linger=True)
                 return None  # news, or a wait came due: another pass either way
-            if await self._wait_for_news(until):
+            if await self._wait_for_news(until, linger=True):
                 return None
         if self.meta.delivery_count > 1:
             await self.waits.arm_near_due()
@@ -310,12 +309,19 @@ class OrchestratorDelivery:
             and self.deadline_ms - self.margin_ms - now_ms() > 0
         )
 
-    async def _wait_for_news(self, until_ms: int | None) -> bool:
-        """Wait for an inline body to settle, a new event, or ``until_ms``; True on news."""
+    async def _wait_for_news(self, until_ms: int | None, *, linger: bool = False) -> bool:
+        """Wait for an inline body to settle, a new event, or ``until_ms``; True on news.
+
+        The tail poll follows ``self._polls`` (``orchestrator.polling``). A ``linger``
+        ends, False, as soon as the live feed does (seed 003: a linger needs the feed).
+        """
         session = self.session
         tail = session.tail
         limit = self.deadline_ms if until_ms is None else min(self.deadline_ms, until_ms)
         while True:
+            poll_ms = self._polls.interval_ms(feed_live=session.feed_live)
+            if linger and not session.feed_live:
+                return False
             session.news.clear()
             if session.has_pending:
                 self._polls.trouble()  # a push skipped a slot: the read fills the gap
@@ -326,18 +332,14 @@ class OrchestratorDelivery:
             remaining = limit - now_ms()
             if remaining <= 0:
                 return False
-            poll_ms = self._polls.interval_ms(feed_live=session.feed_live)
-            wait_ms = remaining if poll_ms is None else min(remaining, poll_ms)
+            wait_ms = min(remaining, poll_ms) if poll_ms > 0 else remaining
             # A settling inline body sets ``news`` too (``_start_inline``): one wait, no tasks.
             try:
                 async with asyncio.timeout(wait_ms / 1000):
                     await session.news.wait()
             except TimeoutError:
-                if poll_ms is not None:
-                    live = session.feed_live
-                    found = await session.poll_tail()
-                    clean = found is False and live and session.feed_live
-                    self._polls.polled(clean=clean and not session.has_pending)
+                if poll_ms > 0:
+                    await polling.poll(session, self._polls)
 
     def _reap_done(self) -> None:
         for task in [t for t in self._inline if t.done()]:
