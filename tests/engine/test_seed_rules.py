@@ -311,3 +311,101 @@ async def test_a_hung_poll_while_an_inline_step_runs_is_abandoned_and_the_delive
     assert len(given_up) == 3 and all("(attempt 1 of 1)" in m for m in given_up), given_up
     (answer,) = faulty.queue.orchestrator_answers()
     assert answer.error is None and answer.result == messages.ACK
+
+
+# -- the live feed failing under a linger (EP15, RL13) ------------------------------------
+
+
+class FailingFeedEvents:
+    """The World's events, with live-feed subscriptions a test can fail (``on_error``, and
+    nothing pushed after it), and a signal when a tail read from ``watch_after`` returned."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self._subs: list[_FailableSubscription] = []
+        self.watch_after = 10**9
+        self.tail_read = asyncio.Event()
+
+    async def list(
+        self, run_id: str, *, after_slot: int = 0, limit: int = 1000
+    ) -> records.EventPage:
+        page = await self._inner.list(run_id, after_slot=after_slot, limit=limit)
+        if after_slot >= self.watch_after:
+            self.tail_read.set()
+        return page
+
+    def subscribe(
+        self, run_id: str, after_slot: int, on_event: Any, on_error: Any
+    ) -> _FailableSubscription:
+        sub = _FailableSubscription(on_event, on_error)
+        sub.inner = self._inner.subscribe(run_id, after_slot, sub.pushed, on_error)
+        self._subs.append(sub)
+        return sub
+
+    def fail_feeds(self, exc: BaseException) -> None:
+        for sub in self._subs:
+            sub.fail(exc)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+class _FailableSubscription:
+    def __init__(self, on_event: Any, on_error: Any) -> None:
+        self._on_event = on_event
+        self._on_error = on_error
+        self.inner: Any = None
+        self.failed = False
+
+    def pushed(self, event: events.LoggedEvent) -> None:
+        if not self.failed:
+            self._on_event(event)
+
+    def fail(self, exc: BaseException) -> None:
+        if not self.failed:
+            self.failed = True
+            self.inner.close()
+            self._on_error(exc)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class Go(Hook):
+    n: int
+
+
+async def test_a_feed_error_while_lingering_ends_the_linger_and_the_delivery_acks(
+    make_app: MakeApp, faulty: FaultyWorld, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Seed 003 ``WORKFLOW_ORCHESTRATOR_LINGER_MS``: "a subscription that fails, at the start
+    or during the linger, ends it" (EP15: the feed failure is logged and the delivery goes
+    on). Timeline: the first delivery creates a hook and lingers on it (20 s); the feed
+    fails; the delivery acks at once, not failed and not after the 20 s; a later resume
+    wakes the run, which completes."""
+    feed = FailingFeedEvents(faulty.events)
+    faulty.events = feed  # type: ignore[assignment]
+    app = make_app(world=faulty, WORKFLOW_ORCHESTRATOR_LINGER_MS=20_000)
+    answers = faulty.queue.answers = SignallingAnswers()
+
+    @app.workflow
+    async def flow() -> int:
+        got = await Go.wait(token="go-1")
+        return got.n if got is not None else -1
+
+    caplog.set_level(logging.INFO, logger="treadle.orchestrator.session")
+    feed.watch_after = 3  # run_created, run_started, hook_created: then the tail read
+    run = await app.start(flow)
+    async with asyncio.timeout(15):
+        await feed.tail_read.wait()  # read, found nothing: the delivery now lingers
+    assert not answers
+    began = asyncio.get_running_loop().time()
+    feed.fail_feeds(ConnectionError("injected: the live feed dropped"))
+    await answers.until(lambda: bool(faulty.queue.orchestrator_answers()))
+    took = asyncio.get_running_loop().time() - began
+    (first,) = faulty.queue.orchestrator_answers()
+    assert first.error is None and first.result == messages.ACK
+    assert took < 5, f"the delivery lingered {took:.1f} s after its feed failed"
+    assert any("live feed error" in r.getMessage() for r in caplog.records)
+    await app.resume_hook("go-1", Go(n=7))
+    assert await run.result(timeout=15) == 7
