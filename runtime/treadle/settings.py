@@ -92,6 +92,12 @@ class Settings(BaseSettings):
     TREADLE_NATS_URL: SecretStr | None = Field(
         default=None, description="NATS URL of the postgres World's queue (never logged)."
     )
+    TREADLE_DATABASE_STATEMENT_TIMEOUT_MS: int = Field(
+        default=60_000,
+        ge=0,
+        description="The postgres World's deadline for any one statement (the server cancels "
+        "it; the client gives up 5 s later); 0 turns it off.",
+    )
     TREADLE_DATABASE_URL_FILE: str | None = Field(
         default=None,
         description="A file holding TREADLE_DATABASE_URL (a mounted secret); read at start.",

@@ -8,9 +8,14 @@ import time
 
 import pytest
 
-from treadle import errors
+from treadle import errors, settings
+from treadle.worlds import open_world
 from treadle.worlds.postgres import database
 from treadle.worlds.postgres.database import Database
+
+from ..nats.conftest import NatsServer, nats_server
+
+__all__ = ["nats_server"]
 
 
 async def test_a_statement_running_past_the_statement_timeout_is_cancelled(pg_dsn: str) -> None:
@@ -53,3 +58,29 @@ async def test_every_pooled_connection_carries_the_statement_timeout(pg_dsn: str
         assert row is not None and row[0] == database.STATEMENT_TIMEOUT_MS
     finally:
         await db.close()
+
+
+async def test_the_statement_timeout_comes_from_its_setting(
+    pg_dsn: str, nats_server: NatsServer
+) -> None:
+    """``TREADLE_DATABASE_STATEMENT_TIMEOUT_MS`` reaches every connection of the World
+    ``open_world("postgres")`` opens."""
+    config = settings.load(
+        {
+            "TREADLE_DATABASE_URL": pg_dsn,
+            "TREADLE_NATS_URL": nats_server.url,
+            "TREADLE_DATABASE_STATEMENT_TIMEOUT_MS": "250",
+            "TREADLE_DEPLOYMENT_ID": "timeouts",
+        }
+    )
+    world = await open_world("postgres", settings=config)
+    try:
+        db = world.storage._db  # type: ignore[attr-defined]
+        row = await db.fetchrow(
+            "SELECT setting::int FROM pg_settings WHERE name = 'statement_timeout'"
+        )
+        assert row is not None and row[0] == 250
+        with pytest.raises(errors.StorageUnavailable, match="statement timeout"):
+            await db.fetch("SELECT pg_sleep(30)")
+    finally:
+        await world.close()

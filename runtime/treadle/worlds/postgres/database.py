@@ -38,7 +38,8 @@ DEFAULT_POOL_SIZE = 10
 # No statement without a deadline: the server cancels one that runs longer than this
 # (``statement_timeout``), and the client gives up on a call whose answer never comes
 # (a hung connection or server) this much later; either is ``StorageUnavailable`` and
-# the connection is dropped. ``statement_timeout_ms=0`` turns both off.
+# the connection is dropped. ``statement_timeout_ms=0`` turns both off; the setting
+# ``TREADLE_DATABASE_STATEMENT_TIMEOUT_MS`` picks it for ``open_world("postgres")``.
 STATEMENT_TIMEOUT_MS = 60_000
 CLIENT_TIMEOUT_GRACE_SECONDS = 5.0
 CONNECT_TIMEOUT_SECONDS = 30.0
