@@ -295,6 +295,11 @@ class Workflows:
         self._worker = worker
         return worker
 
+    @property
+    def serving(self) -> bool:
+        """A worker of this app runs in this process."""
+        return self._worker is not None
+
     async def world_with_worker(self) -> contract.World:
         """The World, with this app's worker running in this process whichever World it
         is (``treadle run``: the run executes here on Postgres + NATS too)."""

@@ -8,13 +8,16 @@ the run id and waited for ever. Each test has its own database and deployment
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from pathlib import Path
 
 import pytest
-from tests.cli.conftest import FLOWS, ROOT, Cli
+from tests.cli.conftest import FLOWS, ROOT, Cli, one_error_line
 from tests.nats.conftest import NatsServer, nats_server
 from tests.postgres.conftest import pg_clones, pg_dsn, pg_server
+
+from treadle.worlds.postgres import PostgresStorage
 
 __all__ = ["nats_server", "pg_clones", "pg_dsn", "pg_server"]
 
@@ -68,3 +71,31 @@ def test_run_timeout_on_postgres_and_nats_exits_1_and_the_run_goes_on(prod_cli: 
     assert "is still running after 2 s; it goes on" in last
     run_id = last.split("run ", 1)[1].split()[0]
     assert prod_cli.json("runs", "get", run_id)["status"] == "running"
+
+
+async def _foreign_run(dsn: str, deployment: str) -> str:
+    storage = await PostgresStorage.connect(dsn)
+    try:
+        run = await storage.runs.create(
+            workflow_name="elsewhere", input={"args": [], "kwargs": {}},
+            deployment_id=deployment, spec_version=9,
+        )  # fmt: skip
+        return run.run_id
+    finally:
+        await storage.close()
+
+
+def test_run_refuses_to_serve_a_deployment_with_active_runs_of_other_code(
+    prod_cli: Cli, pg_dsn: str
+) -> None:
+    """The in-process worker would take every delivery of its deployment, and fail a run
+    whose workflow this file lacks (WorkflowNotFound). With such a run active, ``treadle
+    run`` refuses (exit 2, one line naming it) before recording anything."""
+    foreign = asyncio.run(_foreign_run(pg_dsn, prod_cli.env["TREADLE_DEPLOYMENT_ID"]))
+    result = prod_cli("run", "flows.py:hi", "--input", '["x"]')
+    assert result.returncode == 2, result.stderr
+    line = one_error_line(result)
+    assert "workflows flows.py does not define: elsewhere (1 active)" in line
+    assert "TREADLE_DEPLOYMENT_ID" in line
+    (listed,) = prod_cli.json("runs", "list")
+    assert (listed["run_id"], listed["status"]) == (foreign, "pending")
