@@ -18,6 +18,7 @@ from typing import Any, ParamSpec, TypeVar, overload
 from pydantic import BaseModel, JsonValue
 
 from treadle import clock, errors, hookresume, limits, serde, settings
+from treadle.orchestrator import compat
 from treadle.orchestrator.runtime import Runtime
 from treadle.orchestrator.worker import Role, Worker
 from treadle.sdk import functions
@@ -88,6 +89,7 @@ class Run:
         if reason is not None:
             limits.check_string(reason, "cancel reason")
         world = await self.app.world()
+        compat.require_known_format(await world.runs.get(self.run_id))
         await world.events.create(self.run_id, events.RunCancelled(reason=reason), in_band=False)
 
     async def wake_up(self, waits: list[str] | None = None) -> int:
@@ -97,12 +99,12 @@ class Run:
         when the wake is coalesced into a running delivery.
         """
         world = await self.app.world()
+        run = compat.require_known_format(await world.runs.get(self.run_id))
         page_events = await self.events()
         open_waits = {e.correlation_id for e in page_events if e.type == "wait_created"} - {
             e.correlation_id for e in page_events if e.type == "wait_completed"
         }
         asked = open_waits if waits is None else open_waits & set(waits)
-        run = await world.runs.get(self.run_id)
         await world.events.create(self.run_id, events.WakeRequested(waits=waits), in_band=False)
         await world.queue.send(_wake(run))
         return len(asked)
@@ -128,10 +130,12 @@ async def start_run(
 
     Safe to retry with the same ``run_id``: the World returns the run already
     recorded, and a second start message is only a wake for a run that exists.
+    ``FenceNotSupported`` (nothing recorded) on a World without the in-band fence.
     """
     limits.check_value(data, f"workflow {name} input", limits_, envelope=2)
     if attributes:
         limits.check_value(attributes, f"workflow {name} attributes", limits_)
+    compat.require_fence(world, spec_version)
     run = await world.runs.create(
         workflow_name=name,
         input=data,
@@ -314,6 +318,20 @@ class Workflows:
         self._worker = worker
         return worker
 
+    @property
+    def serving(self) -> bool:
+        """A worker of this app runs in this process."""
+        return self._worker is not None
+
+    async def world_with_worker(self) -> contract.World:
+        """The World, with this app's worker running in this process whichever World it
+        is (``treadle run``: the run executes here on Postgres + NATS too)."""
+        world = await self.world()
+        async with self._open_lock:
+            if self._worker is None:
+                await self._start_worker(world)
+        return world
+
     async def serve(self, role: Role = "all", concurrency: int = 32) -> Worker:
         """Start a worker on this app's World (for ``treadle worker``)."""
         self._want_worker = False
@@ -391,6 +409,7 @@ class Workflows:
         limits.check_hook_token(token, self.limits)
         world = await self.world()
         hook = await world.hooks.get_by_token(token)
+        compat.require_known_format(await world.runs.get(hook.run_id))
         data = serde.encode(
             payload.model_dump(mode="json") if isinstance(payload, BaseModel) else payload,
             "hook payload",

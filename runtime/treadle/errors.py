@@ -25,6 +25,7 @@ its message names them too::
         ├── WorldContractError        the caller broke the World contract (a bug, not load)
         ├── RunNotFound               no run with that id
         ├── RunExpired                the run is terminal; the write is refused
+        ├── RunNotSupported           the run's format (spec version) is unknown here; no write
         ├── StepAlreadyEnded          a step_started or a second outcome for a step that has one
         ├── WaitAlreadyCompleted      a second wait_completed for one wait
         ├── StepNotFound              no step with that id in the run
@@ -33,9 +34,11 @@ its message names them too::
         ├── MessageTooLarge           a queue message over the size limit
         ├── HookPayloadNotRecorded    resume_hook's write failed and recorded nothing: retry it
         ├── DeadLetterNotFound        no dead letter with that message id
+        ├── FenceNotSupported         the World lacks the in-band fence spec 9 runs need
         └── StorageUnavailable        the World's storage cannot be opened or used
             ├── StorageLocked         another process holds a local World
-            └── IncompatibleStorage   a corrupt, foreign or newer database
+            ├── IncompatibleStorage   a corrupt, foreign or newer database
+            └── ReadTimedOut          a read of a run's log did not answer in time
 
 Only ``InBandSuperseded`` means "another orchestrator may be writing": the
 orchestrator acts on it (stop, send what is owed, redeliver). Every other
@@ -347,6 +350,46 @@ class DeadLetterNotFound(WorldError):
         self.message_id = message_id
 
 
+class RunNotSupported(WorldError):
+    """The run was created in a format (spec version) this worker does not know.
+
+    Out-of-band writes to it (``resume_hook``, ``cancel``, ``wake_up``) are
+    refused before anything is written; reads still work. A worker of the
+    release that created the run can write to it (seed 003 "The rollback floor").
+    """
+
+    def __init__(self, run_id: str, *, spec_version: int, supported: frozenset[int]) -> None:
+        known = ", ".join(str(v) for v in sorted(supported))
+        super().__init__(
+            f"run {run_id} has spec version {spec_version}, which this worker does not "
+            f"support (it supports {known}); the write is refused and nothing was written "
+            "(reads still work; use a worker of the release that created the run)",
+            run_id=run_id,
+        )
+        self.spec_version = spec_version
+        self.supported = supported
+
+
+class FenceNotSupported(WorldError):
+    """The World does not declare the in-band fence (``capabilities.in_band_fence``).
+
+    treadle creates and drives only spec 9 runs, which need the fence; it refuses
+    to create or drive one on such a World, before anything is written.
+    """
+
+    def __init__(self, world: str, *, spec_version: int, run_id: str | None = None) -> None:
+        what = f"drive run {run_id}" if run_id is not None else "create a run"
+        super().__init__(
+            f"cannot {what} of spec version {spec_version} on the World {world}: it does not "
+            "declare the in-band fence (capabilities.in_band_fence) that spec 9 runs need, and "
+            "spec 8, the unfenced format, is not supported yet (WORKFLOW_SPEC_VERSION must be "
+            "9 or unset); use a World that implements the fence",
+            run_id=run_id,
+        )
+        self.world = world
+        self.spec_version = spec_version
+
+
 class StorageUnavailable(WorldError):
     """The World's storage cannot be opened or used."""
 
@@ -357,3 +400,21 @@ class StorageLocked(StorageUnavailable):
 
 class IncompatibleStorage(StorageUnavailable):
     """The storage is corrupt, belongs to something else, or has a newer schema."""
+
+
+class ReadTimedOut(StorageUnavailable):
+    """A read of a run's log kept not answering (``WORKFLOW_ORCHESTRATOR_READ_TIMEOUT_MS``).
+
+    The delivery gives up so that the queue redelivers the run, rather than
+    holding it on a read that may never return.
+    """
+
+    def __init__(self, run_id: str, *, what: str, attempts: int, waited_ms: int) -> None:
+        super().__init__(
+            f"run {run_id}: {what} did not answer in {attempts} attempt(s) over {waited_ms} ms "
+            "(WORKFLOW_ORCHESTRATOR_READ_TIMEOUT_MS); giving the delivery up for a redelivery",
+            run_id=run_id,
+        )
+        self.what = what
+        self.attempts = attempts
+        self.waited_ms = waited_ms

@@ -37,7 +37,16 @@ class Settings(BaseSettings):
         default=2000, ge=0, description="Tail poll while bodies run, without a live feed."
     )
     WORKFLOW_ORCHESTRATOR_FEED_POLL_INTERVAL_MS: int = Field(
-        default=10000, ge=0, description="Tail poll with a live feed (doubles up to 2x)."
+        default=10000,
+        ge=0,
+        description="Tail poll with a live feed (doubles per clean poll up to 2x; never below "
+        "the no-feed poll).",
+    )
+    WORKFLOW_ORCHESTRATOR_READ_TIMEOUT_MS: int = Field(
+        default=5000,
+        ge=0,
+        description="One tail read's deadline (3 attempts, each twice as long; then the "
+        "delivery is redelivered); 0 turns it off.",
     )
     WORKFLOW_ORCHESTRATOR_LINGER_MS: int = Field(
         default=30000,
@@ -109,6 +118,12 @@ class Settings(BaseSettings):
     )
     TREADLE_NATS_URL: SecretStr | None = Field(
         default=None, description="NATS URL of the postgres World's queue (never logged)."
+    )
+    TREADLE_DATABASE_STATEMENT_TIMEOUT_MS: int = Field(
+        default=60_000,
+        ge=0,
+        description="The postgres World's deadline for any one statement (the server cancels "
+        "it; the client gives up 5 s later); 0 turns it off.",
     )
     TREADLE_DATABASE_URL_FILE: str | None = Field(
         default=None,

@@ -7,10 +7,12 @@ import asyncio
 import contextlib
 import signal
 import time
+from collections import Counter
 
 from treadle import errors
 from treadle.cli import common, output
 from treadle.cli.targets import load_app, load_target
+from treadle.client import Workflows
 from treadle.sdk import functions
 from treadle.world import contract, events, records
 
@@ -19,6 +21,10 @@ from treadle.world import contract, events, records
 RUN_CLOSE_GRACE_SECONDS = 2.0
 # Poll the log this often even with a live feed (the feed is best effort).
 FOLLOW_POLL_SECONDS = 1.0
+# ``treadle run`` on a World without an in-process worker checks this many runs per
+# active status of its deployment for workflows it does not define.
+FOREIGN_RUNS_SCAN = 1000
+ACTIVE_STATUSES: tuple[records.RunStatus, ...] = ("pending", "running")
 
 
 async def follow(
@@ -52,6 +58,32 @@ async def follow(
                 await asyncio.wait_for(news.wait(), wait)
     finally:
         sub.close()
+
+
+async def refuse_foreign_runs(
+    world: contract.World, app: Workflows, where: str, target: str
+) -> None:
+    """Refuse to serve a deployment whose active runs include workflows this app lacks.
+
+    The in-process worker of ``treadle run`` takes any delivery of its deployment,
+    and a run whose workflow it does not define would be failed (WorkflowNotFound).
+    Checks up to ``FOREIGN_RUNS_SCAN`` runs per active status.
+    """
+    deployment = app.settings.TREADLE_DEPLOYMENT_ID
+    foreign: Counter[str] = Counter()
+    for status in ACTIVE_STATUSES:
+        page = await world.runs.list(
+            status=status, deployment_id=deployment, limit=FOREIGN_RUNS_SCAN
+        )
+        foreign.update(r.workflow_name for r in page.runs if r.workflow_name not in app.workflows)
+    if foreign:
+        names = ", ".join(f"{name} ({n} active)" for name, n in sorted(foreign.items()))
+        raise common.UsageError(
+            f"deployment {deployment} has active runs of workflows {where} does not define: "
+            f"{names}; serving it from here would fail them. Set TREADLE_DEPLOYMENT_ID to "
+            f"this code's own deployment, or hand the run to its workers with: "
+            f"treadle start {target}"
+        )
 
 
 def _report(args: argparse.Namespace, run: records.RunRecord) -> int:
@@ -102,6 +134,11 @@ async def cmd_run(args: argparse.Namespace) -> int:
             raise common.UsageError(
                 f"{exc}; stop it, or hand it the run with: treadle start {args.target}"
             ) from None
+        if not app.serving:
+            # Postgres + NATS: a bare app starts no worker; this one serves the run's
+            # deployment here, unless that would serve others' runs with the wrong code.
+            await refuse_foreign_runs(world, app, target.where, args.target)
+            await app.world_with_worker()
         run = await app.start(target.workflow, *call_args, **call_kwargs)
         run_id = run.run_id
         if not args.quiet:

@@ -27,7 +27,7 @@ import logging
 from typing import Any
 
 from treadle import clock, errors, serde
-from treadle.orchestrator import decisions, hookwrites, pinning, steps
+from treadle.orchestrator import compat, decisions, hookwrites, pinning, polling, steps
 from treadle.orchestrator.inline import InlineSteps, check_lease
 from treadle.orchestrator.runtime import Runtime
 from treadle.orchestrator.session import RunSession
@@ -60,6 +60,10 @@ class OrchestratorDelivery:
         self.session = RunSession(rt, self.run_id, meta.lease_lost)
         self.inline = InlineSteps(rt, self.session, meta, self.deadline_ms - self.margin_ms)
         self.waits = WaitArmer(rt, self.session, message, meta)
+        self._polls = polling.PollSchedule(
+            poll_ms=self.settings.WORKFLOW_ORCHESTRATOR_POLL_INTERVAL_MS,
+            feed_poll_ms=self.settings.WORKFLOW_ORCHESTRATOR_FEED_POLL_INTERVAL_MS,
+        )
         self._divergences = 0
         self._hook_conflicts = hookwrites.ConflictContinuations(self.run_id)
         # Turbo (the start message's first delivery): run_started goes out without waiting;
@@ -137,6 +141,7 @@ class OrchestratorDelivery:
                 state.spec_version,
             )
             return messages.Redeliver(constants.MAX_REDELIVER_SECONDS)
+        compat.require_fence(self.rt.world, state.spec_version, run_id=self.run_id)
         cap = self.settings.WORKFLOW_MAX_QUEUE_DELIVERIES
         if self.meta.attempt > cap:
             await self.session.fail_out_of_band(
@@ -325,9 +330,9 @@ class OrchestratorDelivery:
             until = now_ms() + linger_ms
             next_due = self._next_wait_due_ms()
             if next_due is not None and next_due <= until:
-                await self._wait_for_news(next_due)
+                await self._wait_for_news(next_due, linger=True)
                 return None  # news, or a wait came due: another pass either way
-            if await self._wait_for_news(until):
+            if await self._wait_for_news(until, linger=True):
                 return None
         if self.meta.delivery_count > 1:
             await self.waits.arm_near_due()
@@ -342,20 +347,23 @@ class OrchestratorDelivery:
             and self.deadline_ms - self.margin_ms - now_ms() > 0
         )
 
-    async def _wait_for_news(self, until_ms: int | None) -> bool:
-        """Wait for an inline body to settle, a new event, or ``until_ms``; True on news."""
+    async def _wait_for_news(self, until_ms: int | None, *, linger: bool = False) -> bool:
+        """Wait for an inline body to settle, a new event, or ``until_ms``; True on news.
+
+        The tail poll follows ``self._polls`` (``orchestrator.polling``). A ``linger``
+        ends, False, as soon as the live feed does (seed 003: a linger needs the feed).
+        """
         session = self.session
         tail = session.tail
-        poll_ms = (
-            self.settings.WORKFLOW_ORCHESTRATOR_FEED_POLL_INTERVAL_MS
-            if session.feed_live
-            else self.settings.WORKFLOW_ORCHESTRATOR_POLL_INTERVAL_MS
-        )
         limit = self.deadline_ms if until_ms is None else min(self.deadline_ms, until_ms)
         while True:
+            poll_ms = self._polls.interval_ms(feed_live=session.feed_live)
+            if linger and not session.feed_live:
+                return False
             session.news.clear()
             check_lease(self.meta, self.run_id)
             if session.has_pending:
+                self._polls.trouble()  # a push skipped a slot: the read fills the gap
                 await session.read_tail()
             if session.tail > tail or self.inline.any_done():
                 self.inline.reap_done()
@@ -370,7 +378,7 @@ class OrchestratorDelivery:
                     await session.news.wait()
             except TimeoutError:
                 if poll_ms > 0:
-                    await session.read_tail()
+                    await polling.poll(session, self._polls)
 
     def _next_wait_due_ms(self) -> int | None:
         due = [ms(w.resume_at) for w in self.session.state.open_waits()]

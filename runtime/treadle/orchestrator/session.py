@@ -15,11 +15,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from datetime import datetime
 from typing import Any
 
 from treadle import errors
+from treadle.orchestrator import reads
 from treadle.orchestrator.logstate import LogState
 from treadle.orchestrator.runtime import Runtime, step_key
 from treadle.orchestrator.writer import InBandWriter, LeaseLost
@@ -139,16 +140,39 @@ class RunSession:
         if self.writer is not None:
             self.writer.hold_through(self.tail)
 
-    async def read_tail(self) -> bool:
-        """Read what landed after what we hold; True when something new arrived."""
+    async def read_tail(self, *, attempts: int = reads.READ_ATTEMPTS) -> bool:
+        """Read what landed after what we hold; True when something new arrived.
+
+        Each page is read under the read deadline (``orchestrator.reads``): a read
+        that keeps not answering raises ``ReadTimedOut`` and the delivery gives up.
+        """
         before = after = self.tail
         while True:
-            page = await self.rt.world.events.list(self.run_id, after_slot=after)
+            page = await self._read_page(after, attempts)
             self.offer(page.events)
             if not page.has_more:
                 break
             after = page.cursor
         return self.tail > before
+
+    async def poll_tail(self) -> bool | None:
+        """One poll of the tail (a single attempt): True on news, None when it timed out."""
+        try:
+            return await self.read_tail(attempts=1)
+        except errors.ReadTimedOut:
+            return None
+
+    async def _read_page(self, after: int, attempts: int) -> records.EventPage:
+        def read() -> Awaitable[records.EventPage]:
+            return self.rt.world.events.list(self.run_id, after_slot=after)
+
+        return await reads.bounded(
+            read,
+            timeout_ms=self.rt.settings.WORKFLOW_ORCHESTRATOR_READ_TIMEOUT_MS,
+            run_id=self.run_id,
+            what=f"the tail read after slot {after}",
+            attempts=attempts,
+        )
 
     def subscribe(self) -> None:
         if not self.rt.world.capabilities.live_feed:

@@ -6,21 +6,23 @@ settles the cheap cases: an intermediate timer hop (read the run's status,
 send the next hop, write nothing), a misrouted message (re-sent to the run's
 deployment after 1, 2, 4 s, then the run fails with ``DeploymentMismatch``),
 and a plain wake with nothing new since this process last consumed the run
-(one tail read, then ``Ack``).
+(one tail read, then ``Ack``). A step message of a run format this worker
+does not know is left alone (no body, no write; redelivered after 900 s).
 """
 
 from __future__ import annotations
 
 import gc
 import logging
+from collections.abc import Awaitable
 from typing import Literal
 
 from treadle import clock, errors, limits
-from treadle.orchestrator import pinning, steps, timers
+from treadle.orchestrator import pinning, reads, steps, timers
 from treadle.orchestrator.delivery import OrchestratorDelivery
 from treadle.orchestrator.runtime import Runtime
 from treadle.sdk import catalogue
-from treadle.world import contract, messages
+from treadle.world import constants, contract, messages, records
 
 log = logging.getLogger("treadle.orchestrator.worker")
 
@@ -75,6 +77,8 @@ class Worker:
         # Workflow code and step bodies encode under this worker's limits (its settings).
         limits.use(self._limits)
         if isinstance(message, messages.StepMessage):
+            if message.spec_version not in constants.SUPPORTED_SPEC_VERSIONS:
+                return self._unknown_format(message)
             return await steps.handle_step_message(self.rt, message, meta)
         if message.is_intermediate_hop:
             return await self._hop(message)
@@ -83,6 +87,19 @@ class Worker:
         if await self._nothing_new(message, meta):
             return messages.ACK
         return await OrchestratorDelivery(self.rt, message, meta).run()
+
+    def _unknown_format(self, message: messages.StepMessage) -> messages.HandlerResult:
+        """A step of a run whose format this worker does not know: no body, no write; the
+        message waits for a worker of the release that created the run (RunNotSupported)."""
+        log.error(
+            "run %s: step %s has spec version %s, which this worker does not support; "
+            "leaving it for %d s",
+            message.run_id,
+            message.step_id,
+            message.spec_version,
+            constants.MAX_REDELIVER_SECONDS,
+        )
+        return messages.Redeliver(constants.MAX_REDELIVER_SECONDS)
 
     async def _hop(self, message: messages.OrchestratorMessage) -> messages.HandlerResult:
         """An intermediate hop of a long wait: status only, then the next hop."""
@@ -120,8 +137,17 @@ class Worker:
         )
         if consumed is None or not plain or meta.delivery_count != 1:
             return False
+
+        def read() -> Awaitable[records.EventPage]:
+            return self.rt.world.events.list(message.run_id, after_slot=consumed, limit=1)
+
         try:
-            page = await self.rt.world.events.list(message.run_id, after_slot=consumed, limit=1)
+            page = await reads.bounded(
+                read,
+                timeout_ms=self.rt.settings.WORKFLOW_ORCHESTRATOR_READ_TIMEOUT_MS,
+                run_id=message.run_id,
+                what="the no-op wake's tail read",
+            )
         except errors.RunNotFound:
             return True
         return not page.events

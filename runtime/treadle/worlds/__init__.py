@@ -58,6 +58,7 @@ async def open_world(
             nats_url,
             deployment_id=config.TREADLE_DEPLOYMENT_ID,
             tuning=tuning,
+            statement_timeout_ms=config.TREADLE_DATABASE_STATEMENT_TIMEOUT_MS,
         )
     raise errors.SettingsError(
         f"TREADLE_WORLD={url!r} is not a World treadle knows; use local:PATH, postgres or memory"

@@ -56,12 +56,18 @@ class PostgresNatsWorld:
         check_schema: bool = True,
         stream: str | None = None,
         subject_prefix: str | None = None,
+        statement_timeout_ms: int | None = None,
     ) -> PostgresNatsWorld:
         from treadle.worlds.nats import NatsQueue, names
         from treadle.worlds.postgres import PostgresStorage
+        from treadle.worlds.postgres.database import STATEMENT_TIMEOUT_MS
 
+        if statement_timeout_ms is None:
+            statement_timeout_ms = STATEMENT_TIMEOUT_MS
         try:
-            storage = await PostgresStorage.connect(database_url, check_schema=check_schema)
+            storage = await PostgresStorage.connect(
+                database_url, check_schema=check_schema, statement_timeout_ms=statement_timeout_ms
+            )
         except OSError as exc:
             raise errors.StorageUnavailable(
                 f"cannot reach PostgreSQL at {redact(database_url)}: {exc.strerror or exc}"

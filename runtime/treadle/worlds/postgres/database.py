@@ -14,6 +14,10 @@ connection goes back to the pool as it is, unless its call failed in a way that
 may leave it in an unknown state (cancelled, a broken socket): then it is
 dropped and a new one is opened when needed.
 
+No statement runs without a deadline (``STATEMENT_TIMEOUT_MS``): the server's
+``statement_timeout`` cancels a long one, and the client's command timeout
+gives up on a call whose answer never comes (a hung connection).
+
 Called by ``storage``, ``feed``, ``migrate`` and ``PostgresStorage``.
 """
 
@@ -31,6 +35,14 @@ from treadle.worlds.postgres import sqlerrors
 
 APPLICATION_NAME = "treadle"
 DEFAULT_POOL_SIZE = 10
+# No statement without a deadline: the server cancels one that runs longer than this
+# (``statement_timeout``), and the client gives up on a call whose answer never comes
+# (a hung connection or server) this much later; either is ``StorageUnavailable`` and
+# the connection is dropped. ``statement_timeout_ms=0`` turns both off; the setting
+# ``TREADLE_DATABASE_STATEMENT_TIMEOUT_MS`` picks it for ``open_world("postgres")``.
+STATEMENT_TIMEOUT_MS = 60_000
+CLIENT_TIMEOUT_GRACE_SECONDS = 5.0
+CONNECT_TIMEOUT_SECONDS = 30.0
 
 # What a driver call can raise besides a server error: a closed connection
 # (InterfaceError), a socket error or a timeout (OSError).
@@ -67,10 +79,17 @@ def map_error(exc: BaseException, where: str) -> errors.WorldError:
 class Database:
     """Up to ``pool_size`` connections to one database; every call maps driver errors."""
 
-    def __init__(self, dsn: str, pool_size: int) -> None:
+    def __init__(
+        self, dsn: str, pool_size: int, *, statement_timeout_ms: int = STATEMENT_TIMEOUT_MS
+    ) -> None:
         if pool_size < 1:
             raise errors.WorldContractError(f"pool_size must be >= 1, got {pool_size}")
+        if statement_timeout_ms < 0:
+            raise errors.WorldContractError(
+                f"statement_timeout_ms must be >= 0, got {statement_timeout_ms}"
+            )
         self.dsn = dsn
+        self.statement_timeout_ms = statement_timeout_ms
         self.where = describe(dsn)
         self._size = pool_size
         self._open = 0
@@ -79,9 +98,15 @@ class Database:
         self._closed = False
 
     @classmethod
-    async def connect(cls, dsn: str, *, pool_size: int = DEFAULT_POOL_SIZE) -> Database:
+    async def connect(
+        cls,
+        dsn: str,
+        *,
+        pool_size: int = DEFAULT_POOL_SIZE,
+        statement_timeout_ms: int = STATEMENT_TIMEOUT_MS,
+    ) -> Database:
         """A pool with one connection open (so a bad DSN fails here)."""
-        db = cls(dsn, pool_size)
+        db = cls(dsn, pool_size, statement_timeout_ms=statement_timeout_ms)
         db._release(await db._acquire(), healthy=True)
         return db
 
@@ -121,9 +146,7 @@ class Database:
             if self._open < self._size:
                 self._open += 1
                 try:
-                    return await asyncpg.connect(
-                        self.dsn, server_settings={"application_name": APPLICATION_NAME}
-                    )
+                    return await self._connect()
                 except BaseException as exc:
                     self._open -= 1
                     self._wake_one()
@@ -142,6 +165,19 @@ class Database:
                 elif waiter.done() and not waiter.cancelled():
                     self._wake_one()  # pass the turn this waiter was given on
                 raise
+
+    async def _connect(self) -> Any:
+        settings = {"application_name": APPLICATION_NAME}
+        command_timeout: float | None = None
+        if self.statement_timeout_ms > 0:
+            settings["statement_timeout"] = str(self.statement_timeout_ms)
+            command_timeout = self.statement_timeout_ms / 1000 + CLIENT_TIMEOUT_GRACE_SECONDS
+        return await asyncpg.connect(
+            self.dsn,
+            server_settings=settings,
+            command_timeout=command_timeout,
+            timeout=CONNECT_TIMEOUT_SECONDS,
+        )
 
     def _release(self, conn: Any, *, healthy: bool) -> None:
         if healthy and not self._closed and not conn.is_closed():

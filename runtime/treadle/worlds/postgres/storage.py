@@ -21,7 +21,7 @@ from pydantic import JsonValue
 from treadle import errors
 from treadle.world import contract, events, ids, records
 from treadle.worlds.postgres import append, migrate, rows
-from treadle.worlds.postgres.database import DEFAULT_POOL_SIZE, Database
+from treadle.worlds.postgres.database import DEFAULT_POOL_SIZE, STATEMENT_TIMEOUT_MS, Database
 from treadle.worlds.postgres.feed import Feed, Subscription
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -318,11 +318,19 @@ class PostgresStorage:
 
     @classmethod
     async def connect(
-        cls, dsn: str, *, pool_size: int = DEFAULT_POOL_SIZE, check_schema: bool = True
+        cls,
+        dsn: str,
+        *,
+        pool_size: int = DEFAULT_POOL_SIZE,
+        check_schema: bool = True,
+        statement_timeout_ms: int = STATEMENT_TIMEOUT_MS,
     ) -> PostgresStorage:
         """Open a pool on ``dsn``; with ``check_schema``, refuse a database not at this
-        treadle's schema version (``IncompatibleStorage``: run ``treadle migrate``)."""
-        db = await Database.connect(dsn, pool_size=pool_size)
+        treadle's schema version (``IncompatibleStorage``: run ``treadle migrate``).
+        Every statement runs under ``statement_timeout_ms`` (``database``)."""
+        db = await Database.connect(
+            dsn, pool_size=pool_size, statement_timeout_ms=statement_timeout_ms
+        )
         if check_schema:
             try:
                 await migrate.check_schema(db, where=db.where)
