@@ -434,8 +434,7 @@ class OrchestratorDelivery:
             event = logged.event
             call = starts.get(event.correlation_id or "")
             if isinstance(event, events.StepStarted) and event.inline and call is not None:
-                self.inline.start(call.correlation_id, call.step_name, call.input, 1,
-                                  call.max_retries)  # fmt: skip
+                self.inline.start_committed(call)
             if isinstance(event, events.StepCreated) and not event.inline:
                 send = self.session.step_send(
                     event.correlation_id,
