@@ -306,11 +306,10 @@ class OrchestratorDelivery:
             await self._create(suspended)
             return None
         reruns = decisions.inline_to_rerun(self.session.state, self.inline.running)
-        if reruns and not await self.inline.rerun(reruns):
-            # No free inline slot: wait for a running body to settle (never spin; bug 4).
-            await self._wait_for_news(self._next_wait_due_ms())
-            return None
         if reruns:
+            if not await self.inline.rerun(reruns):
+                # No free inline slot: wait for a running body to settle (never spin; bug 4).
+                await self._wait_for_news(self._next_wait_due_ms())
             return None
         if self.inline.busy or self.session.has_pending:
             await self._wait_for_news(self._next_wait_due_ms())
