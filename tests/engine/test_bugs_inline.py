@@ -461,3 +461,57 @@ async def test_an_open_inline_step_with_no_slot_anywhere_moves_to_its_message(
     moved = [e.event for e in log if isinstance(e.event, events.StepRetrying)]
     assert [m.creator_message_id is not None for m in moved] == [True]
     assert loop_watch.longest < 1.0
+
+
+async def test_an_inline_bodys_own_error_lets_its_siblings_finish(
+    make_app: MakeApp, faulty: FaultyWorld
+) -> None:
+    """Bug 2 (audit section 5), the _reap_done path: flaky's retry moves to its message and
+    that send fails, so flaky's task ends with ConnectionError while transfer
+    (max_retries=0) is mid body. transfer finishes and its outcome is written before the
+    delivery fails; the redelivery re-sends flaky's retry and the run completes."""
+    app = make_app(world=faulty, WORKFLOW_MAX_INLINE_STEPS=2)
+    send_failed = asyncio.Event()
+    ran: Counter[str] = Counter()
+    cancelled: list[str] = []
+
+    @app.step(max_retries=0)
+    async def transfer() -> str:
+        ran["transfer"] += 1
+        try:
+            await send_failed.wait()
+            await asyncio.sleep(0.2)  # mid side effect when flaky's task fails
+        except asyncio.CancelledError:
+            cancelled.append("transfer")
+            raise
+        return "moved"
+
+    @app.step(max_retries=2)
+    async def flaky() -> str:
+        ran[f"flaky{step_metadata().attempt}"] += 1
+        if step_metadata().attempt == 1:
+            raise RetryableError("once", retry_after=0.05)
+        return "flaky"
+
+    @app.workflow
+    async def flow() -> list[str]:
+        return list(await asyncio.gather(transfer(), flaky()))
+
+    def fail_flakys_retry(send: messages.Send) -> bool:
+        message = send.message
+        if isinstance(message, messages.StepMessage) and message.step_name == "flaky":
+            send_failed.set()
+            return True
+        return False
+
+    faulty.queue.fail_sends(1, when=fail_flakys_retry)
+    run = await app.start(flow)
+    assert await run.result(timeout=30) == ["moved", "flaky"]
+    assert send_failed.is_set()
+    assert cancelled == []
+    assert ran == Counter({"transfer": 1, "flaky1": 1, "flaky2": 1})
+    log = await run.events()
+    assert _exhausted(log) == []
+    assert _outcomes(log) == Counter({"transfer": 1, "flaky": 1})
+    failed = [a for a in faulty.queue.orchestrator_answers() if a.error is not None]
+    assert failed and isinstance(failed[0].error, ConnectionError)

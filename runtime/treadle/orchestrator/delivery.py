@@ -311,11 +311,10 @@ class OrchestratorDelivery:
         if suspended.new or suspended.dispose:
             return await self._create(suspended)
         reruns = decisions.inline_to_rerun(self.session.state, self.inline.running)
-        if reruns and not await self.inline.rerun(reruns):
-            # No free inline slot: wait for a running body to settle (never spin; bug 4).
-            await self._wait_for_news(self._next_wait_due_ms())
-            return None
         if reruns:
+            if not await self.inline.rerun(reruns):
+                # No free inline slot: wait for a running body to settle (never spin; bug 4).
+                await self._wait_for_news(self._next_wait_due_ms())
             return None
         if self.inline.busy or self.session.has_pending:
             await self._wait_for_news(self._next_wait_due_ms())
@@ -443,8 +442,7 @@ class OrchestratorDelivery:
             event = logged.event
             call = starts.get(event.correlation_id or "")
             if isinstance(event, events.StepStarted) and event.inline and call is not None:
-                self.inline.start(call.correlation_id, call.step_name, call.input, 1,
-                                  call.max_retries)  # fmt: skip
+                self.inline.start_committed(call)
             if isinstance(event, events.StepCreated) and not event.inline:
                 send = self.session.step_send(
                     event.correlation_id,

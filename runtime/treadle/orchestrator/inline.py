@@ -25,6 +25,7 @@ from treadle.orchestrator.runtime import Runtime
 from treadle.orchestrator.session import RunSession
 from treadle.orchestrator.waits import now_ms
 from treadle.orchestrator.writer import LeaseLost, Superseded
+from treadle.replay import operations
 from treadle.world import events, messages
 
 
@@ -76,6 +77,24 @@ class InlineSteps:
         self, step_id: str, step_name: str, step_input: Any, attempt: int, max_retries: int
     ) -> None:
         check_lease(self.meta, self.run_id)  # a delivery that lost its lease starts no body
+        self._spawn(step_id, step_name, step_input, attempt, max_retries)
+
+    def start_committed(self, call: operations.StepCall) -> None:
+        """Start the body whose creating ``step_started`` just committed (attempt 1).
+
+        If the lease was lost while that batch was being written, a retryable step is
+        left to the next owner, which re-runs it (starting it here could overlap that
+        re-run). A ``max_retries=0`` step is started anyway, because no other owner ever
+        runs it: the next owner fails it as exhausted, and it must not fail without its
+        body having run. Its outcome is not written (the writer refuses).
+        """
+        if self.meta.lost_lease() and call.max_retries != 0:
+            return
+        self._spawn(call.correlation_id, call.step_name, call.input, 1, call.max_retries)
+
+    def _spawn(
+        self, step_id: str, step_name: str, step_input: Any, attempt: int, max_retries: int
+    ) -> None:
         task = asyncio.get_running_loop().create_task(
             self._run(step_id, step_name, step_input, attempt, max_retries),
             name=f"treadle-inline-{step_id}",
@@ -154,6 +173,12 @@ class InlineSteps:
         this delivery (``WORKFLOW_MAX_INLINE_STEPS=0``, or inside the deadline margin), so
         the step's retry moves to its own message, as a retryable inline failure's does,
         and it is never run inline again (bug 4: never a spin, never a hot handoff loop).
+
+        A ``max_retries=0`` step found started is failed at once, even if its start is
+        younger than a lease: the delivery that started it either wrote its outcome before
+        it ended (it lets its bodies settle first, whatever its error), or cannot write
+        it any more (refused by the fence, or stopped by its lost lease), so waiting would
+        only delay the run by a lease for an outcome that never comes (audit F3).
         """
         progressed = False
         for step in reruns:

@@ -19,9 +19,10 @@ of a kind this worker does not serve is handed back to its kind's subject.
 
 JetStream acks by stream sequence, so an old delivery's ack would settle a
 newer one. A delivery therefore keeps its own lease clock: once it went a lease
-(less a margin) without a heartbeat it sets its ``lease_lost`` (the handler's
-``DeliveryMeta.lease_lost``: the handler stops at once), its answer is
-dropped, and the message is left to JetStream's redelivery. The clock is read
+(less a margin) without a heartbeat, or found its run lease taken over, it
+sets its ``lease_lost`` (the handler's ``DeliveryMeta.lease_lost``: the
+handler stops at once), its answer is dropped, and the message is left to
+JetStream's redelivery. The clock is read
 again right before each ack, with no await between the check and the ack, so
 a delivery that lapsed while it settled never acks the redelivered copy. Two
 more guards keep a stalled event loop from showing a handler one message
@@ -403,7 +404,14 @@ class NatsConsumer:
                 if d.token is not None and d.gate_key is not None:
                     renewed = await self._queue.leases.renew(d.gate_key, d.token)
                     if not renewed:
-                        log.warning("run %s: the run lease was taken over", d.message.run_id)
+                        # Another delivery holds the run now: this one is stale and stops.
+                        log.warning(
+                            "run %s: the run lease was taken over; stopping message %s",
+                            d.message.run_id,
+                            d.message_id,
+                        )
+                        d.lease_lost.set()
+                        return
             except Exception as exc:
                 log.warning("message %s: heartbeat failed: %s", d.message_id, exc)
 
