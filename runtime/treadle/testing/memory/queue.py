@@ -40,6 +40,15 @@ _DEDUPE_WINDOW_SECONDS = constants.QUEUE_MIN_STEP_KEY_DEDUPE_WINDOW_MS / 1000
 MIN_WAIT_SECONDS = 1e-6
 
 
+def _max_failed_deliveries(tuning: contract.QueueTuning) -> int:
+    """How many raising deliveries send a message to the dead letters: the tuning's
+    ``max_failed_deliveries`` where the contract has it, else the local World's bound."""
+    limit = getattr(tuning, "max_failed_deliveries", None)
+    if isinstance(limit, int):
+        return limit
+    return int(getattr(constants, "MAX_LOCAL_FAILED_DELIVERIES", 256))
+
+
 @dataclass(slots=True)
 class Lease:
     token: str
@@ -336,7 +345,7 @@ class MessageQueue:
                     self._ready(entry, now, counted=False)
             case queuerules.Failed(error=error):
                 failures = entry.delivery_count - entry.handoffs
-                if failures >= constants.MAX_LOCAL_FAILED_DELIVERIES:
+                if failures >= _max_failed_deliveries(tuning):
                     self._dead_letter(entry, error)
                     return Settled("dead")
                 self._ready(entry, now + tuning.backoff_seconds(failures), counted=True)
