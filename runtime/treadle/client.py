@@ -271,7 +271,8 @@ class Workflows:
                     self._world = self._world_arg
                 wants = self._want_worker
                 if wants is None:
-                    wants = self._world.__class__.__name__ == "LocalWorld"
+                    # An embedded World has no separate worker: the app serves its runs.
+                    wants = self._world.__class__.__name__ in ("LocalWorld", "MemoryWorld")
                 if wants:
                     await self._start_worker(self._world)
             return self._world

@@ -24,6 +24,7 @@ its message names them too::
         ├── RunNotFound               no run with that id
         ├── RunExpired                the run is terminal; the write is refused
         ├── StepAlreadyEnded          a step_started for a step that already has an outcome
+        ├── WaitAlreadyCompleted      a second wait_completed for one wait
         ├── StepNotFound              no step with that id in the run
         ├── HookNotFound              no live hook with that token
         ├── EarlierItemRefused        a batch item whose correlation id had an earlier refusal
@@ -214,6 +215,19 @@ class StepAlreadyEnded(WorldError):
         )
         self.step_id = step_id
         self.outcome_slot = outcome_slot
+
+
+class WaitAlreadyCompleted(WorldError):
+    """A wait_completed for a wait whose completion is already in the log (nothing written)."""
+
+    def __init__(self, run_id: str, *, wait_id: str, completed_slot: int) -> None:
+        super().__init__(
+            f"run {run_id}: wait {wait_id} was already completed at slot {completed_slot}; "
+            "a second wait_completed is refused",
+            run_id=run_id,
+        )
+        self.wait_id = wait_id
+        self.completed_slot = completed_slot
 
 
 class StepNotFound(WorldError):

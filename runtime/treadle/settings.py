@@ -65,8 +65,8 @@ class Settings(BaseSettings):
 
     TREADLE_WORLD: str = Field(
         default="local:.treadle",
-        description="The World: local:PATH, or postgres (with TREADLE_DATABASE_URL and "
-        "TREADLE_NATS_URL).",
+        description="The World: local:PATH, postgres (with TREADLE_DATABASE_URL and "
+        "TREADLE_NATS_URL), or memory (in-memory, for tests).",
     )
     TREADLE_DEPLOYMENT_ID: str = Field(
         default="local", min_length=1, description="The deployment revision runs are pinned to."

@@ -1,7 +1,9 @@
 """World implementations (``local``, ``postgres`` + ``nats``) and opening one by URL.
 
 ``open_world("local:.treadle")`` opens the embedded World under ``.treadle``;
-``open_world("postgres")`` the production World from its settings.
+``open_world("postgres")`` the production World from its settings;
+``open_world("memory")`` a fresh in-memory World (``treadle.testing.memory``),
+gone when the process ends.
 """
 
 from __future__ import annotations
@@ -21,9 +23,10 @@ async def open_world(
     tuning: contract.QueueTuning | None = None,
     settings: Settings | None = None,
 ) -> contract.World:
-    """Open the World a URL names: ``local:PATH`` (a bare ``local`` means ``.treadle``), or
+    """Open the World a URL names: ``local:PATH`` (a bare ``local`` means ``.treadle``),
     ``postgres`` (Postgres storage and a NATS queue, from ``TREADLE_DATABASE_URL`` and
-    ``TREADLE_NATS_URL``)."""
+    ``TREADLE_NATS_URL``), or ``memory`` (a new in-memory World: ``TREADLE_WORLD=memory``
+    for tests and trials; nothing outlives the process)."""
     scheme, _, rest = url.partition(":")
     if tuning is None and settings is not None:
         tuning = contract.QueueTuning(lease_seconds=settings.TREADLE_QUEUE_LEASE_SECONDS)
@@ -31,6 +34,10 @@ async def open_world(
         from treadle.worlds.local import LocalWorld
 
         return await LocalWorld(rest or ".treadle", tuning=tuning).open()
+    if url == "memory":
+        from treadle.testing.memory import MemoryWorld
+
+        return await MemoryWorld(tuning=tuning).open()
     if url == "postgres":
         from treadle.settings import load
         from treadle.worlds.production import PostgresNatsWorld
@@ -50,5 +57,5 @@ async def open_world(
             tuning=tuning,
         )
     raise errors.SettingsError(
-        f"TREADLE_WORLD={url!r} is not a World treadle knows; use local:PATH or postgres"
+        f"TREADLE_WORLD={url!r} is not a World treadle knows; use local:PATH, postgres or memory"
     )

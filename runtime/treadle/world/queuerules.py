@@ -1,0 +1,92 @@
+"""Queue rules that every World's queue applies the same way: pure, no I/O.
+
+- ``encode_send``: a send's checks (a finite delay >= 0, a non-empty key, the
+  size limit) and its payload text.
+- ``clamp_redeliver_delay``: a ``Redeliver`` delay, non-finite or over-long
+  clamped to ``MAX_REDELIVER_SECONDS`` (never a handoff).
+- ``call_handler``: calls a handler and maps what it did to an ``Outcome``:
+  its answer, or ``Failed`` when it raised or answered something else.
+
+Used by the local and in-memory queues (``treadle.worlds.local``,
+``treadle.testing.memory``), so a fix to one of these rules lands once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from dataclasses import dataclass
+from typing import TypeAlias
+
+from treadle import errors
+from treadle.world import constants, contract, messages
+
+log = logging.getLogger("treadle.world.queue")
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    """The handler raised (or answered something that is not a result)."""
+
+    error: str
+
+
+Outcome: TypeAlias = messages.HandlerResult | Failed
+
+
+def encode_send(send: messages.Send) -> str:
+    """The message's payload text, after the checks every send passes."""
+    delay = send.delay_seconds
+    if not math.isfinite(delay) or delay < 0:
+        raise errors.WorldContractError(
+            f"run {send.message.run_id}: a send's delay must be a finite number of seconds "
+            f">= 0, got {delay}",
+            run_id=send.message.run_id,
+        )
+    if send.key is not None and not send.key:
+        raise errors.WorldContractError("an idempotency key must not be empty")
+    payload = send.message.model_dump_json()
+    size = len(payload.encode())
+    if size > constants.MAX_MESSAGE_BYTES:
+        raise errors.MessageTooLarge(
+            size=size, limit=constants.MAX_MESSAGE_BYTES, run_id=send.message.run_id
+        )
+    return payload
+
+
+def clamp_redeliver_delay(seconds: float) -> float:
+    """A Redeliver delay the queue honours: 0 .. MAX_REDELIVER_SECONDS, NaN and inf clamped."""
+    if not math.isfinite(seconds):
+        return constants.MAX_REDELIVER_SECONDS
+    return min(max(seconds, 0.0), constants.MAX_REDELIVER_SECONDS)
+
+
+async def call_handler(
+    handler: contract.Handler,
+    message: messages.OrchestratorMessage | messages.StepMessage,
+    meta: messages.DeliveryMeta,
+) -> Outcome:
+    """Run the handler once; an exception or a stray answer becomes ``Failed``."""
+    try:
+        result = await handler(message, meta)
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        log.warning(
+            "run %s: handler for message %s raised %s: %s; redelivering with backoff",
+            message.run_id,
+            meta.message_id,
+            type(exc).__name__,
+            exc,
+            exc_info=log.isEnabledFor(logging.DEBUG),
+        )
+        return Failed(f"{type(exc).__name__}: {exc}")
+    if not isinstance(result, messages.Ack | messages.Redeliver | messages.Handoff):
+        log.error(
+            "run %s: handler answered %r, not Ack, Redeliver or Handoff; redelivering",
+            message.run_id,
+            result,
+        )
+        return Failed(f"handler answered {result!r}")
+    return result

@@ -1,0 +1,41 @@
+"""The World conformance suite run against the in-memory World (treadle.testing.memory)."""
+
+from __future__ import annotations
+
+import pytest
+
+from treadle.testing.memory import MemoryBackend, MemoryWorld
+from treadle.world import contract
+from treadle.world.conformance import queue, queue_gating, storage, storage_views
+from treadle.world.conformance.harness import WorldHarness
+
+
+class MemoryHarness(WorldHarness):
+    """Opens a MemoryWorld on one backend, so a reopen sees what the last one stored."""
+
+    def __init__(self) -> None:
+        self.backend = MemoryBackend()
+
+    async def open(self, tuning: contract.QueueTuning | None = None) -> contract.World:
+        return await MemoryWorld(self.backend, tuning=tuning).open()
+
+
+@pytest.fixture
+def harness() -> MemoryHarness:
+    return MemoryHarness()
+
+
+class TestMemoryStorage(storage.StorageConformance):
+    pass
+
+
+class TestMemoryStorageViews(storage_views.StorageViewsConformance):
+    pass
+
+
+class TestMemoryQueue(queue.QueueConformance):
+    pass
+
+
+class TestMemoryQueueGating(queue_gating.QueueGatingConformance):
+    pass
