@@ -18,7 +18,7 @@ import logging
 import sys
 import time
 
-from treadle.testing.simulation import workload
+from treadle.testing.simulation import known, workload
 from treadle.testing.simulation.faults import FaultPlan
 from treadle.testing.simulation.runner import Config, Report, simulate
 from treadle.testing.simulation.shrink import shrink
@@ -31,7 +31,7 @@ def _config(args: argparse.Namespace) -> Config:
 
 
 def _replay(seed: int, args: argparse.Namespace) -> int:
-    if args.verbose:
+    if args.verbose:  # noqa: SIM102
         logging.basicConfig(level=logging.INFO, format="%(name)s %(levelname)s %(message)s")
     report = simulate(seed, _config(args))
     if args.shrink and not report.ok:
@@ -48,7 +48,7 @@ def _replay(seed: int, args: argparse.Namespace) -> int:
         f"faults: {dict(report.faults)}; deliveries per run: {report.deliveries}; handoffs: {report.handoffs}"
     )
     for v in report.violations:
-        print(f"VIOLATION {v}")
+        print(f"VIOLATION {v}  (likely {known.classify(v, report)})")
     if not report.ok:
         print(f"replay: {report.replay_command()}")
     return 0 if report.ok else 1
@@ -103,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shrink", action="store_true", help="shrink a failing --seed")
     p.add_argument("-v", "--verbose", action="store_true", help="engine logs (INFO)")
     args = p.parse_args(argv)
+    if not args.verbose:
+        logging.getLogger("treadle").setLevel(logging.CRITICAL)
     if args.seed is not None:
         return _replay(args.seed, args)
     if args.seeds is not None:

@@ -20,8 +20,10 @@ from __future__ import annotations
 import _thread
 import asyncio
 import concurrent.futures
+import contextlib
 import contextvars
 import heapq
+import logging
 import random
 import threading
 import time
@@ -66,6 +68,7 @@ class SimLoop(asyncio.SelectorEventLoop):
         self.frozen_limit = frozen_limit
         self._frozen_count = 0
         self.set_task_factory(self._task_factory)
+        self.set_exception_handler(_quiet)
 
     # -- time -----------------------------------------------------------------------------
 
@@ -150,6 +153,11 @@ class SimLoop(asyncio.SelectorEventLoop):
                 self.running_since = None
                 self.running_handle = None
             self.callbacks_run += 1
+
+
+def _quiet(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """Unretrieved task errors and destroyed tasks of killed processes: debug only."""
+    logging.getLogger("treadle.testing.simulation").debug("loop: %s", context.get("message"))
 
 
 class SimClock:
@@ -237,23 +245,28 @@ def run(
     try:
         with Watchdog(loop, limit=watchdog_seconds) as dog:
             try:
-                return ctx.run(loop.run_until_complete, main())
+                result = ctx.run(loop.run_until_complete, main())
             except KeyboardInterrupt:
                 held = dog.tripped()
                 if held is None:
                     raise
                 raise held from None
+            held = dog.tripped()  # the interrupt may have landed in a task that logged it
+            if held is not None:
+                raise held
+            _cancel_all(loop, drain=True)  # still under the watchdog: a spin cannot hang here
+            return result
+    except BaseException:
+        _cancel_all(loop, drain=False)  # a held loop is never run again
+        raise
     finally:
-        _cancel_all(loop)
         loop.close()
 
 
-def _cancel_all(loop: SimLoop) -> None:
+def _cancel_all(loop: SimLoop, *, drain: bool) -> None:
     tasks = [t for t in asyncio.all_tasks(loop) if not t.done()]
     for task in tasks:
         task.cancel()
-    if tasks and not loop.is_closed():
-        try:
+    if drain and tasks and not loop.is_closed():
+        with contextlib.suppress(Exception, KeyboardInterrupt):
             loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
-        except BaseException:  # noqa: BLE001 - a killed process's tasks may end any way
-            pass

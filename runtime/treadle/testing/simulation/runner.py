@@ -50,7 +50,7 @@ class Config:
     plan: FaultPlan | None = None  # None: drawn from the seed
     interleave: bool = True
     horizon: float = 6000.0  # virtual seconds every run must end within
-    watchdog_seconds: float = 10.0
+    watchdog_seconds: float = 3.0
 
 
 @dataclass
@@ -103,6 +103,7 @@ class Simulation:
         self.cancelled: set[str] = set()
         self.ownership_lost: list[tuple[float, str | None]] = []  # (time, run or None = all)
         self._spawned = 0
+        self.resumed: dict[tuple[str, str | None, int], asyncio.Event] = {}
         self._background: set[asyncio.Task[Any]] = set()
 
     def now(self) -> float:
@@ -148,9 +149,15 @@ class Simulation:
 
     # -- outside actors -------------------------------------------------------------------
 
+    def _resumed(self, run_id: str, token: str | None, n: int) -> asyncio.Event:
+        return self.resumed.setdefault((run_id, token, n), asyncio.Event())
+
     async def act(self, run: Any, actor: workload.Actor) -> None:
         await asyncio.sleep(actor.at)
         assert self.app is not None
+        if actor.kind == "resume" and actor.n > 0:
+            # The payload for a token's next hook goes out after the previous one landed.
+            await self._resumed(run.run_id, actor.token, actor.n - 1).wait()
         for _ in range(200):
             if run.run_id in self.ended:
                 return
@@ -158,6 +165,7 @@ class Simulation:
                 if actor.kind == "resume":
                     assert actor.token is not None
                     await self.app.resume_hook(actor.token, workload.payload_of(actor))
+                    self._resumed(run.run_id, actor.token, actor.n).set()
                 elif actor.kind == "cancel":
                     self.cancelled.add(run.run_id)
                     await run.cancel("simulated cancel")

@@ -167,7 +167,7 @@ def generate(rng: random.Random, shape: Shape | None = None) -> Program:
                         at=rng.choice([0.0, 1.0, 5.0, 40.0, 300.0]), kind="resume", token=token, n=n
                     )
                 )
-                if rng.random() < 0.15:  # a duplicate resume of the same payload
+                if not repeat and rng.random() < 0.15:  # a duplicate resume, same payload
                     actors.append(
                         Actor(at=rng.choice([0.5, 60.0]), kind="resume", token=token, n=n)
                     )
