@@ -35,6 +35,8 @@ T = TypeVar("T")
 # 2026-01-01T00:00:00Z: every simulated wall clock starts here.
 EPOCH = 1_767_225_600.0
 
+_abandoned: list[asyncio.Task[Any]] = []
+
 TaskHook = Callable[[asyncio.Task[Any]], None]
 
 
@@ -267,6 +269,10 @@ def _cancel_all(loop: SimLoop, *, drain: bool) -> None:
     tasks = [t for t in asyncio.all_tasks(loop) if not t.done()]
     for task in tasks:
         task.cancel()
+    if not drain:
+        # Kept, not collected: closing their coroutines outside their tasks would run
+        # their cleanup in a foreign context (noise, and code run after the verdict).
+        _abandoned.extend(tasks)
     if drain and tasks and not loop.is_closed():
         with contextlib.suppress(Exception, KeyboardInterrupt):
             loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))

@@ -190,7 +190,9 @@ def simulate(seed: int, config: Config | None = None) -> Report:
     plan = config.plan if config.plan is not None else FaultPlan.draw(random.Random(f"{seed}/plan"))
     report = Report(seed, plan, config)
     prog_rng = random.Random(f"{seed}/program")
-    report.programs = [workload.generate(prog_rng, config.shape) for _ in range(config.runs)]
+    report.programs = [
+        workload.generate(prog_rng, config.shape, prefix=f"r{i}.") for i in range(config.runs)
+    ]
     sim = Simulation(seed, config, plan)
     t0 = time.monotonic()
     try:

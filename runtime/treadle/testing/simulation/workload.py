@@ -119,8 +119,8 @@ def _step(rng: random.Random, sid: str, *, quick: bool = False) -> Op:
     }
 
 
-def generate(rng: random.Random, shape: Shape | None = None) -> Program:
-    """Draw one program and its outside actors."""
+def generate(rng: random.Random, shape: Shape | None = None, *, prefix: str = "") -> Program:
+    """Draw one program and its outside actors (hook tokens start with ``prefix``)."""
     shape = shape or Shape()
     ops: list[Op] = []
     actors: list[Actor] = []
@@ -154,7 +154,7 @@ def generate(rng: random.Random, shape: Shape | None = None) -> Program:
             )
         elif shape.hooks:
             tokens += 1
-            token = f"t{tokens}"
+            token = f"{prefix}t{tokens}"
             repeat = rng.random() < 0.3
             for n in range(2 if repeat else 1):
                 if rng.random() < 0.2:
