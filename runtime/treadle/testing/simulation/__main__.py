@@ -75,6 +75,7 @@ def _soak(args: argparse.Namespace) -> int:
             print(
                 f"FAIL seed {seed}: {report.violations[0]}  ({len(report.violations)} violations)"
             )
+            print(f"  likely: {'; '.join(known.labels(report))}")
             print(f"  replay: {report.replay_command()}")
             sys.stdout.flush()
     took = time.monotonic() - t0
