@@ -40,7 +40,10 @@ def test_seed_holds_every_invariant(seed: int) -> None:
 
 def test_same_seed_replays_the_same_trace() -> None:
     """Determinism: a seed with faults gives the same faults, bodies and verdict twice."""
-    config = Config(runs=2, plan=FaultPlan.parse("storage_error=0.02,kill=0.01,stall=0.01,duplicate=0.02,budget=8"))
+    config = Config(
+        runs=2,
+        plan=FaultPlan.parse("storage_error=0.02,kill=0.01,stall=0.01,duplicate=0.02,budget=8"),
+    )
     first, second = simulate(7, config), simulate(7, config)
     assert first.trace and first.trace == second.trace
     assert [str(v) for v in first.violations] == [str(v) for v in second.violations]
@@ -52,7 +55,9 @@ def test_another_seed_draws_another_schedule() -> None:
     assert simulate(7, Config(runs=2)).trace != simulate(8, Config(runs=2)).trace
 
 
-def test_planted_defect_in_the_wait_rule_is_reported_with_its_seed(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_planted_defect_in_the_wait_rule_is_reported_with_its_seed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """A wrong ``decisions.due_waits`` (no sleep ever comes due) fails as never_ended."""
     monkeypatch.setattr(decisions, "due_waits", lambda state, *, now_ms, woken: [])
     config = Config(runs=1, plan=FaultPlan.none(), shape=Shape(hooks=False, actors=False))
@@ -94,7 +99,7 @@ def test_a_spin_of_instant_awaits_is_reported() -> None:
     """Awaiting only things that finish at once, forever, is a livelock at frozen time."""
 
     async def spin() -> None:
-        while True:
+        while True:  # noqa: ASYNC110 - the livelock under test
             await asyncio.sleep(0)
 
     with pytest.raises(loop.LoopHeld, match="without time moving"):
@@ -149,7 +154,9 @@ def _seed_with(config: Config, want: Any) -> int:
     for seed in range(200):
         rng = random.Random(f"{seed}/program")
         report = Report(seed, config.plan or FaultPlan.none(), config)
-        report.programs = [workload.generate(rng, config.shape, prefix=f"r{i}.") for i in range(config.runs)]
+        report.programs = [
+            workload.generate(rng, config.shape, prefix=f"r{i}.") for i in range(config.runs)
+        ]
         if want(report):
             return seed
     raise AssertionError("no seed fits")

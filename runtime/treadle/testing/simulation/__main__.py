@@ -31,13 +31,14 @@ def _config(args: argparse.Namespace) -> Config:
 
 
 def _replay(seed: int, args: argparse.Namespace) -> int:
-    if args.verbose:  # noqa: SIM102
+    if args.verbose:
         logging.basicConfig(level=logging.INFO, format="%(name)s %(levelname)s %(message)s")
     report = simulate(seed, _config(args))
     if args.shrink and not report.ok:
         report = shrink(report, on_step=lambda r: print(f"shrunk: {r.replay_command()}"))
     print(
-        f"seed {seed}: plan {report.plan}; {report.runs} runs, {report.sim_seconds:.0f} simulated s in {report.real_seconds:.2f} s"
+        f"seed {seed}: plan {report.plan}; {report.runs} runs, "
+        f"{report.sim_seconds:.0f} simulated s in {report.real_seconds:.2f} s"
     )
     for i, program in enumerate(report.programs):
         print(f"program {i}: {json.dumps(program.ops)}")
@@ -45,7 +46,8 @@ def _replay(seed: int, args: argparse.Namespace) -> int:
     for line in report.trace:
         print(f"  {line}")
     print(
-        f"faults: {dict(report.faults)}; deliveries per run: {report.deliveries}; handoffs: {report.handoffs}"
+        f"faults: {dict(report.faults)}; deliveries per run: {report.deliveries}; "
+        f"handoffs: {report.handoffs}"
     )
     for v in report.violations:
         print(f"VIOLATION {v}  (likely {known.classify(v, report)})")

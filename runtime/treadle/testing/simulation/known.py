@@ -23,17 +23,23 @@ def _repeated_token(report: Report) -> bool:
 def classify(v: Violation, report: Report) -> str:
     d = v.detail
     if v.kind == "loop_held":
-        return "bug 4 (spin with no free inline slot)" if "without time moving" in d else "loop held"
+        return "bug 4 (spin with no free inline slot)"
     if v.kind == "output" and "HookConflictError" in d and _repeated_token(report):
         return "bug 6 (hook not disposed after its payload)"
     if v.kind in ("overlap", "at_most_once"):
         return "bug 1 / F1 (inline retry re-run inline while its background attempt runs)"
     if v.kind == "exhausted_unrun":
-        return "bug 1 / F1 (exhausted while attempt runs)" if "still ran" in d else "bug 3 (inline body never started)"
+        return (
+            "bug 1 / F1 (exhausted while attempt runs)"
+            if "still ran" in d
+            else "bug 3 (inline body never started)"
+        )
     if v.kind == "cancelled_body":
         return "bug 2 (error cancels running inline bodies)"
     if v.kind == "log" and "second outcome" in d:
         return "F2 / bug 1 (a second step outcome)"
+    if v.kind == "output" and d.startswith("step ") and "expected completed" in d:
+        return "bug 1 or 3 (a step failed that should complete)"
     if v.kind == "output" and "StepAttemptsExhausted" in d:
         return "bug 1 or 3 (false StepAttemptsExhausted)"
     return "unknown"

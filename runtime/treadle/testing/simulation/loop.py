@@ -90,7 +90,7 @@ class SimLoop(asyncio.SelectorEventLoop):
             self.on_task(task)
         return task
 
-    def run_in_executor(self, executor: Any, func: Callable[..., T], *args: Any) -> Any:
+    def run_in_executor(self, executor: Any, func: Callable[..., T], *args: Any) -> Any:  # type: ignore[override]
         """Run ``func`` inline on the loop (no threads under simulation)."""
         fut: asyncio.Future[T] = self.create_future()
         try:
@@ -108,7 +108,7 @@ class SimLoop(asyncio.SelectorEventLoop):
         """asyncio's iteration, with the wait replaced by a jump of virtual time and the
         ready callbacks run in an order drawn from the PRNG."""
         scheduled: list[asyncio.TimerHandle] = self._scheduled  # type: ignore[attr-defined]
-        while scheduled and scheduled[0]._cancelled:  # type: ignore[attr-defined]
+        while scheduled and scheduled[0]._cancelled:
             self._timer_cancelled_count -= 1  # type: ignore[attr-defined]
             handle = heapq.heappop(scheduled)
             handle._scheduled = False  # type: ignore[attr-defined]
@@ -118,7 +118,7 @@ class SimLoop(asyncio.SelectorEventLoop):
         # nothing at all to do: then wait a little real time (call_soon_threadsafe).
         timeout: float | None = 0 if (ready or stopping or scheduled) else 0.05
         t0 = time.monotonic()
-        event_list = self._selector.select(timeout)
+        event_list = self._selector.select(timeout)  # type: ignore[attr-defined]
         if timeout:
             self.idle_real_seconds += time.monotonic() - t0
         self._process_events(event_list)  # type: ignore[attr-defined]
@@ -137,8 +137,11 @@ class SimLoop(asyncio.SelectorEventLoop):
         self._frozen_count += ntodo
         if self._frozen_count > self.frozen_limit:
             self._frozen_count = 0
-            raise LoopHeld(0.0, f"{self.frozen_limit} callbacks at virtual time {self._vtime:.3f} "
-                           "without time moving (a spin that only awaits instant calls)")
+            raise LoopHeld(
+                0.0,
+                f"{self.frozen_limit} callbacks at virtual time {self._vtime:.3f} "
+                "without time moving (a spin that only awaits instant calls)",
+            )
         if self.interleave and ntodo > 1:
             batch = [ready.popleft() for _ in range(ntodo)]
             self.rng.shuffle(batch)

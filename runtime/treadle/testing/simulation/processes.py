@@ -26,7 +26,6 @@ from typing import Any, Literal
 from treadle import errors
 from treadle.client import Workflows
 from treadle.orchestrator.worker import Worker
-from treadle.testing.simulation import faults
 from treadle.testing.simulation.workload import current_process
 
 log = logging.getLogger("treadle.testing.simulation")
@@ -162,7 +161,7 @@ def task_recorder(processes: dict[str, Process]) -> TaskRecorder:
     """The loop's ``on_task``: file every task under the process that spawned it."""
 
     def record(task: asyncio.Task[Any]) -> None:
-        name = task.get_context().get(current_process)
+        name = task.get_context().get(current_process)  # type: ignore[attr-defined]
         if name is not None and name in processes:
             processes[name].adopt(task)
 

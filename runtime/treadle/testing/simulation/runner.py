@@ -245,7 +245,7 @@ async def _main(sim: Simulation, report: Report) -> list[invariants.RunOutcome]:
                 sim._keep(sim.act(run, actor))
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(sim.config.horizon):
-                while len(sim.ended) < len(runs):
+                while len(sim.ended) < len(runs):  # noqa: ASYNC110 - virtual time
                     await asyncio.sleep(5.0)
         await asyncio.sleep(30.0)  # late writes of the last deliveries land
         report.runs = len(runs)
