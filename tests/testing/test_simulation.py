@@ -25,15 +25,59 @@ from treadle.testing.simulation import Config, FaultPlan, Shape, loop, shrink, s
 
 CI_SEEDS = list(range(40))
 
-# seed -> the known bug it shows on this branch (engine-audit.md sections 5 and 6).
-KNOWN_FAILING: dict[int, str] = {}
+BUG1 = "bug 1 / F1: an inline step's retry is re-run inline while its background attempt runs"
+BUG1X = "bug 1 / F1: a step failed as StepAttemptsExhausted while its attempt still ran"
+BUG2 = "bug 2: a storage error cancels a running inline body"
+BUG4 = "bug 4: the orchestrator spins (no free inline slot); the loop is held"
+BUG6 = "bug 6: a hook is not disposed after its payload; reusing its token conflicts"
+
+# seed -> the known bug it shows on this branch (engine-audit.md sections 5 and 6);
+# the first violation's bug, see found_seeds.md. Empty it once the fixes merge.
+KNOWN_FAILING: dict[int, str] = {
+    0: BUG6,
+    1: BUG4,
+    2: BUG6,
+    3: BUG4,
+    5: BUG6,
+    8: BUG6,
+    9: BUG6,
+    11: BUG4,
+    13: BUG4,
+    14: BUG6,
+    15: BUG1,
+    16: BUG6,
+    17: BUG1,
+    18: BUG4,
+    19: BUG4,
+    20: BUG4,
+    21: BUG1X,
+    22: BUG4,
+    23: BUG4,
+    24: BUG1X,
+    25: BUG6,
+    26: BUG2,
+    27: BUG4,
+    29: BUG1,
+    30: BUG1X,
+    32: BUG1X,
+    33: BUG1X,
+    35: BUG6,
+    38: BUG4,
+    39: BUG4,
+}
 
 
-@pytest.mark.parametrize("seed", CI_SEEDS)
+@pytest.mark.parametrize(
+    "seed",
+    [
+        pytest.param(s, marks=pytest.mark.xfail(reason=KNOWN_FAILING[s], strict=False))
+        if s in KNOWN_FAILING
+        else s
+        for s in CI_SEEDS
+    ],
+)
 def test_seed_holds_every_invariant(seed: int) -> None:
     """Every invariant holds for this seed (faults drawn from the seed)."""
-    if seed in KNOWN_FAILING:
-        pytest.xfail(f"known engine bug on this branch: {KNOWN_FAILING[seed]}")
     report = simulate(seed)
     assert report.ok, "\n".join([str(v) for v in report.violations] + [report.replay_command()])
 
