@@ -193,6 +193,8 @@ def _check_bodies(o: RunOutcome, race_ids: set[str]) -> list[Violation]:
             continue
         runs = by_step.get(e.correlation_id or "", [])
         t = _vt(e)
+        if o.tainted:
+            continue  # an owner died or went stale: exhausting an unrun start is the rule
         if not runs:
             out.append(
                 Violation(
@@ -202,7 +204,7 @@ def _check_bodies(o: RunOutcome, race_ids: set[str]) -> list[Violation]:
                     "but its body never ran",
                 )
             )
-        elif not o.tainted:
+        else:
             for b in runs:
                 if b.started <= t and (b.ended is None or b.ended > t):
                     out.append(
