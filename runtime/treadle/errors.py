@@ -23,7 +23,7 @@ its message names them too::
         ├── WorldContractError        the caller broke the World contract (a bug, not load)
         ├── RunNotFound               no run with that id
         ├── RunExpired                the run is terminal; the write is refused
-        ├── StepAlreadyEnded          a step_started for a step that already has an outcome
+        ├── StepAlreadyEnded          a step_started or a second outcome for a step that has one
         ├── WaitAlreadyCompleted      a second wait_completed for one wait
         ├── StepNotFound              no step with that id in the run
         ├── HookNotFound              no live hook with that token
@@ -205,24 +205,34 @@ class RunExpired(WorldError):
 
 
 class StepAlreadyEnded(WorldError):
-    """A step_started for a step whose outcome is already in the log."""
+    """A step_started, or a second outcome, for a step whose outcome is already in the log.
 
-    def __init__(self, run_id: str, *, step_id: str, outcome_slot: int) -> None:
+    Nothing was allocated or written: the outcome at ``outcome_slot`` stands (another
+    delivery's attempt won), so the writer of ``event_type`` has nothing left to do.
+    """
+
+    def __init__(
+        self, run_id: str, *, step_id: str, outcome_slot: int, event_type: str = "step_started"
+    ) -> None:
         super().__init__(
             f"run {run_id}: step {step_id} already has its outcome at slot {outcome_slot}; "
-            "a new step_started is refused",
+            f"a {event_type} is refused",
             run_id=run_id,
         )
         self.step_id = step_id
         self.outcome_slot = outcome_slot
+        self.event_type = event_type
 
 
 class WaitAlreadyCompleted(WorldError):
-    """A wait_completed for a wait whose completion is already in the log (nothing written)."""
+    """A second ``wait_completed`` for a wait whose completion is already in the log.
+
+    Nothing was allocated or written; the completion at ``completed_slot`` stands.
+    """
 
     def __init__(self, run_id: str, *, wait_id: str, completed_slot: int) -> None:
         super().__init__(
-            f"run {run_id}: wait {wait_id} was already completed at slot {completed_slot}; "
+            f"run {run_id}: wait {wait_id} was completed at slot {completed_slot}; "
             "a second wait_completed is refused",
             run_id=run_id,
         )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -80,5 +81,49 @@ class Deliveries:
             await self.release.wait()
         return messages.ACK
 
-    async def next(self) -> messages.DeliveryMeta:
-        return await asyncio.wait_for(self._arrived.get(), WAIT)
+    async def next(self, timeout: float = WAIT) -> messages.DeliveryMeta:
+        return await asyncio.wait_for(self._arrived.get(), timeout)
+
+
+class VirtualTimeLoop(asyncio.SelectorEventLoop):
+    """A loop whose time jumps to the next timer when nothing is ready (a test's small
+    stand-in for the simulation's loop): sleeps, leases and delays pass at once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.vtime = 0.0
+        self.iterations = 0
+        select = self._selector.select  # type: ignore[attr-defined]
+
+        def virtual_select(timeout: float | None = None) -> object:
+            # Called with timeout 0 while callbacks are ready: time moves only when none is,
+            # and then to the next timer exactly (as the simulation's loop does).
+            self.iterations += 1
+            ready = select(0)
+            scheduled = self._scheduled  # type: ignore[attr-defined]
+            if not ready and timeout and scheduled:
+                self.vtime = max(self.vtime, scheduled[0].when())
+            return ready
+
+        self._selector.select = virtual_select  # type: ignore[attr-defined]
+
+    def time(self) -> float:
+        return self.vtime
+
+
+class VirtualClock:
+    """``treadle.clock.Clock`` on a VirtualTimeLoop, its monotonic time on another origin
+    than the loop's (as the simulation's is), its random bytes seeded."""
+
+    def __init__(self, loop: VirtualTimeLoop, seed: int) -> None:
+        self.loop = loop
+        self.rng = random.Random(seed)
+
+    def time(self) -> float:
+        return 1_780_000_000.0 + self.loop.time()
+
+    def monotonic(self) -> float:
+        return 1000.0 + self.loop.time()
+
+    def random_bytes(self, n: int) -> bytes:
+        return self.rng.randbytes(n)

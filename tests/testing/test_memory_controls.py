@@ -175,15 +175,16 @@ async def test_views_count_queued_delayed_in_flight_and_per_run_stats() -> None:
     assert backend.events_of(run.run_id) == list((await world.events.list(run.run_id)).events)
 
 
-async def _delivery_order(seed: int) -> list[str]:
-    backend = MemoryBackend(rng=random.Random(seed))
+async def _delivery_order(seed: int | None, count: int = 12) -> list[str]:
+    """The order a one-at-a-time consumer takes ``count`` ready messages in."""
+    backend = MemoryBackend(rng=None if seed is None else random.Random(seed))
     world = MemoryWorld(backend, tuning=FAST)
-    for i in range(12):
+    for i in range(count):
         await world.queue.send(step_message(step_id=f"s{i}"))
     handler = Deliveries()
     consumer = await world.queue.consume({"step": handler}, concurrency=1)
     try:
-        for _ in range(12):
+        for _ in range(count):
             await handler.next()
     finally:
         await consumer.close(grace_seconds=1)
@@ -199,17 +200,4 @@ async def test_a_seeded_rng_gives_one_delivery_order() -> None:
     )
     assert first == again
     assert sorted(first) == sorted(other) and first != other
-    backend = MemoryBackend()
-    world = MemoryWorld(backend, tuning=FAST)
-    for i in range(5):
-        await world.queue.send(step_message(step_id=f"s{i}"))
-    handler = Deliveries()
-    consumer = await world.queue.consume({"step": handler}, concurrency=1)
-    try:
-        for _ in range(5):
-            await handler.next()
-    finally:
-        await consumer.close(grace_seconds=1)
-    assert [m.step_id for m, _ in handler.calls if isinstance(m, messages.StepMessage)] == [
-        f"s{i}" for i in range(5)
-    ]
+    assert await _delivery_order(None, 5) == [f"s{i}" for i in range(5)]

@@ -103,3 +103,18 @@ async def test_a_second_wait_completed_is_refused_and_allocates_nothing() -> Non
     )
     assert isinstance(batch.items[0].error, errors.WaitAlreadyCompleted)
     assert batch.allocated == 0
+
+
+async def test_hook_received_frees_the_token_and_a_second_payload_is_hook_not_found() -> None:
+    """A hook takes one payload (Bug 6, as helper D's local World): the token is free again."""
+    world = MemoryWorld(MemoryBackend())
+    run_id = await _started(world)
+    created = events.HookCreated(correlation_id="h1", token="tok")
+    await world.events.create(run_id, created, in_band=False)
+    await world.events.create(run_id, events.HookReceived(correlation_id="h1"), in_band=False)
+    with pytest.raises(errors.HookNotFound):
+        await world.hooks.get_by_token("tok")
+    with pytest.raises(errors.HookNotFound):
+        await world.events.create(run_id, events.HookReceived(correlation_id="h1"), in_band=False)
+    again = events.HookCreated(correlation_id="h2", token="tok")
+    assert (await world.events.create(run_id, again, in_band=False)).event.type == "hook_created"

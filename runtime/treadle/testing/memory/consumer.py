@@ -24,7 +24,7 @@ import logging
 
 from treadle import clock
 from treadle.testing.memory import points as fault_points
-from treadle.testing.memory.queue import Leased, MessageQueue, Settled
+from treadle.testing.memory.queue import MIN_WAIT_SECONDS, Leased, MessageQueue, Settled
 from treadle.world import constants, contract, messages, queuerules
 
 log = logging.getLogger("treadle.testing.memory.consumer")
@@ -128,7 +128,7 @@ class MemoryConsumer:
             if len(self._running) < self._concurrency:
                 due = self._queue.next_due(self._kinds)
                 if due is not None:
-                    timeout = max(due - clock.monotonic(), 0.0)
+                    timeout = max(due - clock.monotonic(), MIN_WAIT_SECONDS)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout)
 

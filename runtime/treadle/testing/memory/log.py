@@ -3,9 +3,10 @@
 ``Store`` holds every run's log and the read views folded from it. Each write
 is one synchronous call, so on one event loop it is atomic; it decides in the
 local World's order (``treadle.worlds.local.eventlog``): the run exists; the
-fence; the counts; each event's own checks (terminal run, ended step, completed
-wait, live hook); then it allocates slots, stores, folds the views and moves the
-counters. A refusal raises before anything is stored, so it never leaves a hole.
+fence; the counts; each event's own checks (terminal run, ended step or a second
+outcome, completed wait, live hook; a hook_received also frees its token); then it
+allocates slots, stores, folds the views and moves the counters. A refusal raises
+before anything is stored, so it never leaves a hole.
 
 Events are stored as their JSON text and read back as fresh objects, so neither a
 writer nor a reader can change what the log holds (as with a real database).
@@ -245,7 +246,7 @@ class Store:
                 ended = state.outcome_slots.get(event.correlation_id)
                 if ended is not None:
                     raise errors.StepAlreadyEnded(
-                        run_id, step_id=event.correlation_id, outcome_slot=ended
+                        run_id, step_id=event.correlation_id, outcome_slot=ended, event_type=kind
                     )
             case events.WaitCompleted():
                 done = state.completed_waits.get(event.correlation_id)
@@ -344,7 +345,8 @@ class Store:
                     token=token, run_id=run.run_id, hook_id=hid, created_at=at, metadata=metadata
                 )
                 state.hooks[hid] = token
-            case events.HookDisposed(correlation_id=hid):
+            case events.HookDisposed(correlation_id=hid) | events.HookReceived(correlation_id=hid):
+                # A hook takes one payload: once it is recorded the token is free again.
                 held_token = state.hooks.pop(hid, None)
                 if held_token is not None:
                     self.hooks.pop(held_token, None)

@@ -34,6 +34,19 @@ from treadle.world import constants, contract, ids, messages, queuerules, routin
 log = logging.getLogger("treadle.testing.memory.queue")
 
 _DEDUPE_WINDOW_SECONDS = constants.QUEUE_MIN_STEP_KEY_DEDUPE_WINDOW_MS / 1000
+# The shortest timer the queue sets. A due time a float rounding short of "now" (the
+# clock and the loop count time from different origins) must still move time on: a
+# zero-length timer under a virtual-time loop would spin without advancing it.
+MIN_WAIT_SECONDS = 1e-6
+
+
+def _max_failed_deliveries(tuning: contract.QueueTuning) -> int:
+    """How many raising deliveries send a message to the dead letters: the tuning's
+    ``max_failed_deliveries`` where the contract has it, else the local World's bound."""
+    limit = getattr(tuning, "max_failed_deliveries", None)
+    if isinstance(limit, int):
+        return limit
+    return int(getattr(constants, "MAX_LOCAL_FAILED_DELIVERIES", 256))
 
 
 @dataclass(slots=True)
@@ -245,11 +258,9 @@ class MessageQueue:
         )  # fmt: skip
 
     def next_due(self, kinds: Iterable[str] | None = None) -> float | None:
-        """The earliest due time of a ready message (of ``kinds``) or lease expiry."""
+        """The earliest due time of a ready message (of ``kinds``); lapses have their timers."""
         wanted = None if kinds is None else frozenset(kinds)
         times = [e.due for e in self.ready.values() if wanted is None or e.kind in wanted]
-        if wanted is not None:
-            times += [e.lease.until for e in self.leased.values() if e.lease is not None]
         return min(times) if times else None
 
     # -- leases --------------------------------------------------------------------------
@@ -270,7 +281,7 @@ class MessageQueue:
         left = lease.until - clock.monotonic()
         if left > 0:
             lease.timer = asyncio.get_running_loop().call_later(
-                left, self._lease_timer, entry, lease
+                max(left, MIN_WAIT_SECONDS), self._lease_timer, entry, lease
             )
             return
         log.info(
@@ -334,7 +345,7 @@ class MessageQueue:
                     self._ready(entry, now, counted=False)
             case queuerules.Failed(error=error):
                 failures = entry.delivery_count - entry.handoffs
-                if failures >= constants.MAX_LOCAL_FAILED_DELIVERIES:
+                if failures >= _max_failed_deliveries(tuning):
                     self._dead_letter(entry, error)
                     return Settled("dead")
                 self._ready(entry, now + tuning.backoff_seconds(failures), counted=True)

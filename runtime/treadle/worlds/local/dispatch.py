@@ -19,7 +19,7 @@ import functools
 import logging
 import time
 
-from treadle.world import constants, contract, messages
+from treadle.world import constants, contract, messages, queuerules
 from treadle.worlds.local import queue
 
 log = logging.getLogger("treadle.worlds.local.dispatch")
@@ -204,25 +204,4 @@ async def _call(
     message: messages.OrchestratorMessage | messages.StepMessage,
     meta: messages.DeliveryMeta,
 ) -> queue.Outcome:
-    try:
-        result = await handler(message, meta)
-    except asyncio.CancelledError:
-        raise
-    except Exception as exc:
-        log.warning(
-            "run %s: handler for message %s raised %s: %s; redelivering with backoff",
-            message.run_id,
-            meta.message_id,
-            type(exc).__name__,
-            exc,
-            exc_info=log.isEnabledFor(logging.DEBUG),
-        )
-        return queue.Failed(f"{type(exc).__name__}: {exc}")
-    if not isinstance(result, messages.Ack | messages.Redeliver | messages.Handoff):
-        log.error(
-            "run %s: handler answered %r, not Ack, Redeliver or Handoff; redelivering",
-            message.run_id,
-            result,
-        )
-        return queue.Failed(f"handler answered {result!r}")
-    return result
+    return await queuerules.call_handler(handler, message, meta)

@@ -22,7 +22,7 @@ from datetime import UTC, datetime, timedelta
 from pydantic import JsonValue
 
 from treadle import errors
-from treadle.world import constants, events
+from treadle.world import constants, events, storagerules
 from treadle.worlds.local.database import now_us, transaction
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -376,23 +376,7 @@ def append(
 
 
 def _check_batch(run_id: str, batch: Sequence[events.Event]) -> None:
-    if not batch:
-        raise errors.WorldContractError(
-            f"run {run_id}: create_batch needs at least one event", run_id=run_id
-        )
-    if len(batch) > constants.MAX_BATCH_EVENTS:
-        raise errors.WorldContractError(
-            f"run {run_id}: a batch holds at most {constants.MAX_BATCH_EVENTS} events, "
-            f"got {len(batch)}",
-            run_id=run_id,
-        )
-    for index, item in enumerate(batch):
-        if item.type not in events.BATCHABLE_TYPES:
-            raise errors.WorldContractError(
-                f"run {run_id}: batch item {index} is a {item.type} event; a batch carries "
-                "step and wait events only",
-                run_id=run_id,
-            )
+    storagerules.check_batch(run_id, batch)
 
 
 def append_batch(
@@ -457,16 +441,10 @@ def create_run(
             existing = row_to_event(row)
             held = existing.event
             assert isinstance(held, events.RunCreated)
-            if (held.workflow_name, held.input, held.deployment_id) != (
-                workflow_name,
-                input,
-                deployment_id,
-            ):
-                raise errors.WorldContractError(
-                    f"run {run_id} exists already with another workflow, input or "
-                    "deployment; a run id names one run",
-                    run_id=run_id,
-                )
+            storagerules.check_same_run(
+                run_id, held, workflow_name=workflow_name, input=input,
+                deployment_id=deployment_id,
+            )  # fmt: skip
             return False, existing
         at = now_us()
         conn.execute(

@@ -18,14 +18,12 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import math
 import secrets
 import sqlite3
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from treadle import errors
-from treadle.world import constants, contract, ids, messages, routing
+from treadle.world import constants, contract, ids, messages, queuerules, routing
 from treadle.worlds.local.database import Database, now_us, transaction
 
 _US = 1_000_000
@@ -50,14 +48,9 @@ class Claimed:
     next_due: int | None
 
 
-@dataclass(frozen=True, slots=True)
-class Failed:
-    """The handler raised (or answered something that is not a result)."""
-
-    error: str
-
-
-Outcome = messages.HandlerResult | Failed
+# The handler raised (or answered something that is not a result): shared by every queue.
+Failed = queuerules.Failed
+Outcome = queuerules.Outcome
 
 
 @dataclass(frozen=True, slots=True)
@@ -294,9 +287,7 @@ def _ready(conn: sqlite3.Connection, message_id: str, available_at: int) -> None
 
 
 def _clamp_delay(seconds: float) -> float:
-    if not math.isfinite(seconds):
-        return constants.MAX_REDELIVER_SECONDS
-    return min(max(seconds, 0.0), constants.MAX_REDELIVER_SECONDS)
+    return queuerules.clamp_redeliver_delay(seconds)
 
 
 def _dead_letter(conn: sqlite3.Connection, leased: Leased, error: str, now: int) -> None:
@@ -369,19 +360,4 @@ class LocalQueue:
 
 
 def _encode(send: messages.Send) -> str:
-    delay = send.delay_seconds
-    if not math.isfinite(delay) or delay < 0:
-        raise errors.WorldContractError(
-            f"run {send.message.run_id}: a send's delay must be a finite number of seconds "
-            f">= 0, got {delay}",
-            run_id=send.message.run_id,
-        )
-    if send.key is not None and not send.key:
-        raise errors.WorldContractError("an idempotency key must not be empty")
-    payload = send.message.model_dump_json()
-    size = len(payload.encode())
-    if size > constants.MAX_MESSAGE_BYTES:
-        raise errors.MessageTooLarge(
-            size=size, limit=constants.MAX_MESSAGE_BYTES, run_id=send.message.run_id
-        )
-    return payload
+    return queuerules.encode_send(send)

@@ -17,7 +17,7 @@ from typing import cast
 from pydantic import JsonValue
 
 from treadle import errors
-from treadle.world import contract, events, ids, records
+from treadle.world import contract, events, ids, records, storagerules
 from treadle.worlds.local import eventlog
 from treadle.worlds.local.database import Database, now_us, transaction
 from treadle.worlds.local.eventlog import EVENT_COLUMNS, from_us, row_to_event
@@ -168,10 +168,7 @@ class LocalRuns:
         run_id: str | None = None,
         attributes: Mapping[str, JsonValue] | None = None,
     ) -> records.RunRecord:
-        if run_id is not None and not ids.is_run_id(run_id):
-            raise errors.WorldContractError(
-                f"{run_id!r} is not a run id (expected wrun_ and a ULID)", run_id=run_id
-            )
+        storagerules.check_run_id(run_id)
         rid = run_id or ids.new_run_id()
         created, first = await self._db.call(
             functools.partial(

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from treadle import errors
-from treadle.world import constants, events, records
+from treadle.world import constants, events, records, storagerules
 from treadle.worlds.postgres import rows as rowmod
 from treadle.worlds.postgres import sqlerrors
 from treadle.worlds.postgres.database import Database, Row
@@ -65,23 +65,7 @@ def _check_times(batch: Sequence[events.Event], params: WriteParams) -> None:
 
 def check_batch(run_id: str, batch: Sequence[events.Event]) -> None:
     """A batch holds 1..MAX_BATCH_EVENTS step and wait events (else refused whole)."""
-    if not batch:
-        raise errors.WorldContractError(
-            f"run {run_id}: create_batch needs at least one event", run_id=run_id
-        )
-    if len(batch) > constants.MAX_BATCH_EVENTS:
-        raise errors.WorldContractError(
-            f"run {run_id}: a batch holds at most {constants.MAX_BATCH_EVENTS} events, "
-            f"got {len(batch)}",
-            run_id=run_id,
-        )
-    for index, item in enumerate(batch):
-        if item.type not in events.BATCHABLE_TYPES:
-            raise errors.WorldContractError(
-                f"run {run_id}: batch item {index} is a {item.type} event; a batch carries "
-                "step and wait events only",
-                run_id=run_id,
-            )
+    storagerules.check_batch(run_id, batch)
 
 
 async def append(

@@ -19,7 +19,7 @@ from typing import Any
 from pydantic import JsonValue
 
 from treadle import errors
-from treadle.world import contract, events, ids, records
+from treadle.world import contract, events, ids, records, storagerules
 from treadle.worlds.postgres import append, migrate, rows
 from treadle.worlds.postgres.database import DEFAULT_POOL_SIZE, Database
 from treadle.worlds.postgres.feed import Feed, Subscription
@@ -66,10 +66,7 @@ class PostgresRuns:
         run_id: str | None = None,
         attributes: Mapping[str, JsonValue] | None = None,
     ) -> records.RunRecord:
-        if run_id is not None and not ids.is_run_id(run_id):
-            raise errors.WorldContractError(
-                f"{run_id!r} is not a run id (expected wrun_ and a ULID)", run_id=run_id
-            )
+        storagerules.check_run_id(run_id)
         rid = run_id or ids.new_run_id()
         created = events.RunCreated(
             workflow_name=workflow_name,
@@ -90,16 +87,9 @@ class PostgresRuns:
             return run
         held = events.parse_event(row[1])
         assert isinstance(held, events.RunCreated)
-        if (held.workflow_name, held.input, held.deployment_id) != (
-            workflow_name,
-            input,
-            deployment_id,
-        ):
-            raise errors.WorldContractError(
-                f"run {rid} exists already with another workflow, input or "
-                "deployment; a run id names one run",
-                run_id=rid,
-            )
+        storagerules.check_same_run(
+            rid, held, workflow_name=workflow_name, input=input, deployment_id=deployment_id
+        )
         return run
 
     async def get(self, run_id: str) -> records.RunRecord:
