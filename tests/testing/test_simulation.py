@@ -28,41 +28,29 @@ CI_SEEDS = list(range(40))
 BUG1 = "bug 1 / F1: an inline step's retry is re-run inline while its background attempt runs"
 BUG1X = "bug 1 / F1: a step failed as StepAttemptsExhausted while its attempt still ran"
 BUG2 = "bug 2: a storage error cancels a running inline body"
-BUG4 = "bug 4: the orchestrator spins (no free inline slot); the loop is held"
-BUG6 = "bug 6: a hook is not disposed after its payload; reusing its token conflicts"
+BUG4 = "bug 4: the orchestrator spins synchronously (no free inline slot); the loop is held"
 
 # seed -> the known bug it shows on this branch (engine-audit.md sections 5 and 6);
 # the first violation's bug, see found_seeds.md. Empty it once the fixes merge.
 KNOWN_FAILING: dict[int, str] = {
-    0: BUG6,
-    1: BUG4,
-    2: BUG6,
-    3: BUG4,
-    5: BUG6,
-    8: BUG6,
-    9: BUG6,
-    11: BUG4,
-    13: BUG4,
-    14: BUG6,
+    1: BUG1,
+    2: BUG1,
+    14: BUG1X,
     15: BUG1,
-    16: BUG6,
     17: BUG1,
-    18: BUG4,
+    18: BUG1,
     19: BUG4,
     20: BUG4,
     21: BUG1X,
     22: BUG4,
     23: BUG4,
     24: BUG1X,
-    25: BUG6,
-    26: BUG2,
     27: BUG4,
     29: BUG1,
     30: BUG1X,
     32: BUG1X,
-    33: BUG1X,
-    35: BUG6,
-    38: BUG4,
+    36: BUG2,
+    38: BUG1,
     39: BUG4,
 }
 
