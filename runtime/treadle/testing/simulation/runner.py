@@ -33,8 +33,8 @@ SETTINGS: dict[str, Any] = {
     "WORKFLOW_ORCHESTRATOR_LINGER_MS": 3000,
     "WORKFLOW_ORCHESTRATOR_POLL_INTERVAL_MS": 500,
     "WORKFLOW_ORCHESTRATOR_FEED_POLL_INTERVAL_MS": 2000,
-    "WORKFLOW_V2_TIMEOUT_MS": 30000,
-    "WORKFLOW_INLINE_STEP_DEADLINE_MARGIN_MS": 5000,
+    "WORKFLOW_V2_TIMEOUT_MS": 12000,
+    "WORKFLOW_INLINE_STEP_DEADLINE_MARGIN_MS": 2000,
     "WORKFLOW_STEP_RETRY_DELAY_SECONDS": 0.5,
     "WORKFLOW_WAIT_CONTINUATION_MAX_DELAY_SECONDS": 120,
     "TREADLE_DEPLOYMENT_ID": "sim",
@@ -212,6 +212,7 @@ def simulate(seed: int, config: Config | None = None) -> Report:
         report.violations += invariants.check(o)
         report.deliveries[o.run_id] = o.deliveries
         report.handoffs += o.handoffs
+        report.trace.append(f"log {o.run_id} " + " ".join(f"{e.slot}:{e.type}" for e in o.log))
     report.trace += [
         f"fault {f.at:.6f} {f.kind} {f.point} {f.run_id} {f.process}" for f in sim.injector.log
     ]
