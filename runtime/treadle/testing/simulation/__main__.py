@@ -18,7 +18,7 @@ import logging
 import sys
 import time
 
-from treadle.testing.simulation import workload
+from treadle.testing.simulation import known, workload
 from treadle.testing.simulation.faults import FaultPlan
 from treadle.testing.simulation.runner import Config, Report, simulate
 from treadle.testing.simulation.shrink import shrink
@@ -37,7 +37,8 @@ def _replay(seed: int, args: argparse.Namespace) -> int:
     if args.shrink and not report.ok:
         report = shrink(report, on_step=lambda r: print(f"shrunk: {r.replay_command()}"))
     print(
-        f"seed {seed}: plan {report.plan}; {report.runs} runs, {report.sim_seconds:.0f} simulated s in {report.real_seconds:.2f} s"
+        f"seed {seed}: plan {report.plan}; {report.runs} runs, "
+        f"{report.sim_seconds:.0f} simulated s in {report.real_seconds:.2f} s"
     )
     for i, program in enumerate(report.programs):
         print(f"program {i}: {json.dumps(program.ops)}")
@@ -45,10 +46,11 @@ def _replay(seed: int, args: argparse.Namespace) -> int:
     for line in report.trace:
         print(f"  {line}")
     print(
-        f"faults: {dict(report.faults)}; deliveries per run: {report.deliveries}; handoffs: {report.handoffs}"
+        f"faults: {dict(report.faults)}; deliveries per run: {report.deliveries}; "
+        f"handoffs: {report.handoffs}"
     )
     for v in report.violations:
-        print(f"VIOLATION {v}")
+        print(f"VIOLATION {v}  (likely {known.classify(v, report)})")
     if not report.ok:
         print(f"replay: {report.replay_command()}")
     return 0 if report.ok else 1
@@ -75,6 +77,7 @@ def _soak(args: argparse.Namespace) -> int:
             print(
                 f"FAIL seed {seed}: {report.violations[0]}  ({len(report.violations)} violations)"
             )
+            print(f"  likely: {'; '.join(known.labels(report))}")
             print(f"  replay: {report.replay_command()}")
             sys.stdout.flush()
     took = time.monotonic() - t0
@@ -103,6 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shrink", action="store_true", help="shrink a failing --seed")
     p.add_argument("-v", "--verbose", action="store_true", help="engine logs (INFO)")
     args = p.parse_args(argv)
+    if not args.verbose:
+        logging.getLogger("treadle").setLevel(logging.CRITICAL)
     if args.seed is not None:
         return _replay(args.seed, args)
     if args.seeds is not None:

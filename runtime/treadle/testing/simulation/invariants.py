@@ -24,6 +24,7 @@ successor's) are skipped for a run that lost an owner while it was active
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -75,7 +76,7 @@ def _op_ids(log: list[events.LoggedEvent]) -> dict[str, str]:
                 op = args[0] if args else None
                 if isinstance(op, dict) and "id" in op:
                     found[e.correlation_id] = str(op["id"])
-            except Exception:
+            except Exception:  # an undecodable input names no op
                 continue
     return found
 
@@ -113,7 +114,8 @@ def _check_output(o: RunOutcome, race_ids: set[str]) -> list[Violation]:
             Violation(
                 "output",
                 o.run_id,
-                f"{rec.status} ({got_err}), expected {status} ({value if status != 'completed' else '...'})",
+                f"{rec.status} ({got_err}), expected {status}"
+                + (f" ({value})" if status != "completed" else ""),
             )
         )
     elif status == "completed" and got != value:
@@ -153,14 +155,15 @@ def _check_bodies(o: RunOutcome, race_ids: set[str]) -> list[Violation]:
         runs.sort(key=lambda b: b.started)
         op_id = runs[0].op_id
         if not o.tainted:
-            for a, b in zip(runs, runs[1:], strict=False):
+            for a, b in itertools.pairwise(runs):
                 if a.ended is None or a.ended > b.started:
                     out.append(
                         Violation(
                             "overlap",
                             rid,
-                            f"step {op_id} ({step_id}): attempt {b.attempt} started at {b.started:.3f} in "
-                            f"{b.process} while attempt {a.attempt} (since {a.started:.3f} in {a.process}) still ran",
+                            f"step {op_id} ({step_id}): attempt {b.attempt} started at "
+                            f"{b.started:.3f} in {b.process} while attempt {a.attempt} "
+                            f"(since {a.started:.3f} in {a.process}) still ran",
                         )
                     )
             if retries.get(op_id) == 0 and len(runs) > 1:
@@ -180,7 +183,8 @@ def _check_bodies(o: RunOutcome, race_ids: set[str]) -> list[Violation]:
                     Violation(
                         "cancelled_body",
                         rid,
-                        f"step {op_id} attempt {b.attempt} cancelled at {b.ended} in {b.process}, which did not die",
+                        f"step {op_id} attempt {b.attempt} cancelled at {b.ended} "
+                        f"in {b.process}, which did not die",
                     )
                 )
     for e in o.log:
@@ -189,22 +193,26 @@ def _check_bodies(o: RunOutcome, race_ids: set[str]) -> list[Violation]:
             continue
         runs = by_step.get(e.correlation_id or "", [])
         t = _vt(e)
+        if o.tainted:
+            continue  # an owner died or went stale: exhausting an unrun start is the rule
         if not runs:
             out.append(
                 Violation(
                     "exhausted_unrun",
                     rid,
-                    f"step {e.correlation_id} failed as exhausted at slot {e.slot} but its body never ran",
+                    f"step {e.correlation_id} failed as exhausted at slot {e.slot} "
+                    "but its body never ran",
                 )
             )
-        elif not o.tainted:
+        else:
             for b in runs:
                 if b.started <= t and (b.ended is None or b.ended > t):
                     out.append(
                         Violation(
                             "exhausted_unrun",
                             rid,
-                            f"step {b.op_id} failed as exhausted at {t:.3f} (slot {e.slot}) while attempt {b.attempt} still ran in {b.process}",
+                            f"step {b.op_id} failed as exhausted at {t:.3f} (slot {e.slot}) "
+                            f"while attempt {b.attempt} still ran in {b.process}",
                         )
                     )
     return out

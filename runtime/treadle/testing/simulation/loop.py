@@ -20,8 +20,10 @@ from __future__ import annotations
 import _thread
 import asyncio
 import concurrent.futures
+import contextlib
 import contextvars
 import heapq
+import logging
 import random
 import threading
 import time
@@ -32,6 +34,8 @@ T = TypeVar("T")
 
 # 2026-01-01T00:00:00Z: every simulated wall clock starts here.
 EPOCH = 1_767_225_600.0
+
+_abandoned: list[asyncio.Task[Any]] = []
 
 TaskHook = Callable[[asyncio.Task[Any]], None]
 
@@ -66,6 +70,7 @@ class SimLoop(asyncio.SelectorEventLoop):
         self.frozen_limit = frozen_limit
         self._frozen_count = 0
         self.set_task_factory(self._task_factory)
+        self.set_exception_handler(_quiet)
 
     # -- time -----------------------------------------------------------------------------
 
@@ -85,7 +90,7 @@ class SimLoop(asyncio.SelectorEventLoop):
             self.on_task(task)
         return task
 
-    def run_in_executor(self, executor: Any, func: Callable[..., T], *args: Any) -> Any:
+    def run_in_executor(self, executor: Any, func: Callable[..., T], *args: Any) -> Any:  # type: ignore[override]
         """Run ``func`` inline on the loop (no threads under simulation)."""
         fut: asyncio.Future[T] = self.create_future()
         try:
@@ -103,7 +108,7 @@ class SimLoop(asyncio.SelectorEventLoop):
         """asyncio's iteration, with the wait replaced by a jump of virtual time and the
         ready callbacks run in an order drawn from the PRNG."""
         scheduled: list[asyncio.TimerHandle] = self._scheduled  # type: ignore[attr-defined]
-        while scheduled and scheduled[0]._cancelled:  # type: ignore[attr-defined]
+        while scheduled and scheduled[0]._cancelled:
             self._timer_cancelled_count -= 1  # type: ignore[attr-defined]
             handle = heapq.heappop(scheduled)
             handle._scheduled = False  # type: ignore[attr-defined]
@@ -113,7 +118,7 @@ class SimLoop(asyncio.SelectorEventLoop):
         # nothing at all to do: then wait a little real time (call_soon_threadsafe).
         timeout: float | None = 0 if (ready or stopping or scheduled) else 0.05
         t0 = time.monotonic()
-        event_list = self._selector.select(timeout)
+        event_list = self._selector.select(timeout)  # type: ignore[attr-defined]
         if timeout:
             self.idle_real_seconds += time.monotonic() - t0
         self._process_events(event_list)  # type: ignore[attr-defined]
@@ -153,6 +158,11 @@ class SimLoop(asyncio.SelectorEventLoop):
                 self.running_since = None
                 self.running_handle = None
             self.callbacks_run += 1
+
+
+def _quiet(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """Unretrieved task errors and destroyed tasks of killed processes: debug only."""
+    logging.getLogger("treadle.testing.simulation").debug("loop: %s", context.get("message"))
 
 
 class SimClock:
@@ -240,23 +250,32 @@ def run(
     try:
         with Watchdog(loop, limit=watchdog_seconds) as dog:
             try:
-                return ctx.run(loop.run_until_complete, main())
+                result = ctx.run(loop.run_until_complete, main())
             except KeyboardInterrupt:
                 held = dog.tripped()
                 if held is None:
                     raise
                 raise held from None
+            held = dog.tripped()  # the interrupt may have landed in a task that logged it
+            if held is not None:
+                raise held
+            _cancel_all(loop, drain=True)  # still under the watchdog: a spin cannot hang here
+            return result
+    except BaseException:
+        _cancel_all(loop, drain=False)  # a held loop is never run again
+        raise
     finally:
-        _cancel_all(loop)
         loop.close()
 
 
-def _cancel_all(loop: SimLoop) -> None:
+def _cancel_all(loop: SimLoop, *, drain: bool) -> None:
     tasks = [t for t in asyncio.all_tasks(loop) if not t.done()]
     for task in tasks:
         task.cancel()
-    if tasks and not loop.is_closed():
-        try:
+    if not drain:
+        # Kept, not collected: closing their coroutines outside their tasks would run
+        # their cleanup in a foreign context (noise, and code run after the verdict).
+        _abandoned.extend(tasks)
+    if drain and tasks and not loop.is_closed():
+        with contextlib.suppress(Exception, KeyboardInterrupt):
             loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
-        except BaseException:
-            pass

@@ -161,7 +161,7 @@ def task_recorder(processes: dict[str, Process]) -> TaskRecorder:
     """The loop's ``on_task``: file every task under the process that spawned it."""
 
     def record(task: asyncio.Task[Any]) -> None:
-        name = task.get_context().get(current_process)
+        name = task.get_context().get(current_process)  # type: ignore[attr-defined]
         if name is not None and name in processes:
             processes[name].adopt(task)
 

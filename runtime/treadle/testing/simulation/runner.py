@@ -33,8 +33,8 @@ SETTINGS: dict[str, Any] = {
     "WORKFLOW_ORCHESTRATOR_LINGER_MS": 3000,
     "WORKFLOW_ORCHESTRATOR_POLL_INTERVAL_MS": 500,
     "WORKFLOW_ORCHESTRATOR_FEED_POLL_INTERVAL_MS": 2000,
-    "WORKFLOW_V2_TIMEOUT_MS": 30000,
-    "WORKFLOW_INLINE_STEP_DEADLINE_MARGIN_MS": 5000,
+    "WORKFLOW_V2_TIMEOUT_MS": 12000,
+    "WORKFLOW_INLINE_STEP_DEADLINE_MARGIN_MS": 2000,
     "WORKFLOW_STEP_RETRY_DELAY_SECONDS": 0.5,
     "WORKFLOW_WAIT_CONTINUATION_MAX_DELAY_SECONDS": 120,
     "TREADLE_DEPLOYMENT_ID": "sim",
@@ -50,7 +50,7 @@ class Config:
     plan: FaultPlan | None = None  # None: drawn from the seed
     interleave: bool = True
     horizon: float = 6000.0  # virtual seconds every run must end within
-    watchdog_seconds: float = 10.0
+    watchdog_seconds: float = 3.0
 
 
 @dataclass
@@ -103,6 +103,7 @@ class Simulation:
         self.cancelled: set[str] = set()
         self.ownership_lost: list[tuple[float, str | None]] = []  # (time, run or None = all)
         self._spawned = 0
+        self.resumed: dict[tuple[str, str | None, int], asyncio.Event] = {}
         self._background: set[asyncio.Task[Any]] = set()
 
     def now(self) -> float:
@@ -148,9 +149,15 @@ class Simulation:
 
     # -- outside actors -------------------------------------------------------------------
 
+    def _resumed(self, run_id: str, token: str | None, n: int) -> asyncio.Event:
+        return self.resumed.setdefault((run_id, token, n), asyncio.Event())
+
     async def act(self, run: Any, actor: workload.Actor) -> None:
         await asyncio.sleep(actor.at)
         assert self.app is not None
+        if actor.kind == "resume" and actor.n > 0:
+            # The payload for a token's next hook goes out after the previous one landed.
+            await self._resumed(run.run_id, actor.token, actor.n - 1).wait()
         for _ in range(200):
             if run.run_id in self.ended:
                 return
@@ -158,6 +165,7 @@ class Simulation:
                 if actor.kind == "resume":
                     assert actor.token is not None
                     await self.app.resume_hook(actor.token, workload.payload_of(actor))
+                    self._resumed(run.run_id, actor.token, actor.n).set()
                 elif actor.kind == "cancel":
                     self.cancelled.add(run.run_id)
                     await run.cancel("simulated cancel")
@@ -182,7 +190,9 @@ def simulate(seed: int, config: Config | None = None) -> Report:
     plan = config.plan if config.plan is not None else FaultPlan.draw(random.Random(f"{seed}/plan"))
     report = Report(seed, plan, config)
     prog_rng = random.Random(f"{seed}/program")
-    report.programs = [workload.generate(prog_rng, config.shape) for _ in range(config.runs)]
+    report.programs = [
+        workload.generate(prog_rng, config.shape, prefix=f"r{i}.") for i in range(config.runs)
+    ]
     sim = Simulation(seed, config, plan)
     t0 = time.monotonic()
     try:
@@ -202,6 +212,7 @@ def simulate(seed: int, config: Config | None = None) -> Report:
         report.violations += invariants.check(o)
         report.deliveries[o.run_id] = o.deliveries
         report.handoffs += o.handoffs
+        report.trace.append(f"log {o.run_id} " + " ".join(f"{e.slot}:{e.type}" for e in o.log))
     report.trace += [
         f"fault {f.at:.6f} {f.kind} {f.point} {f.run_id} {f.process}" for f in sim.injector.log
     ]
@@ -235,7 +246,7 @@ async def _main(sim: Simulation, report: Report) -> list[invariants.RunOutcome]:
                 sim._keep(sim.act(run, actor))
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(sim.config.horizon):
-                while len(sim.ended) < len(runs):
+                while len(sim.ended) < len(runs):  # noqa: ASYNC110 - virtual time
                     await asyncio.sleep(5.0)
         await asyncio.sleep(30.0)  # late writes of the last deliveries land
         report.runs = len(runs)

@@ -44,12 +44,17 @@ def shrink(
     report: Report,
     *,
     max_attempts: int = 60,
+    kinds: set[str] | None = None,
     on_step: Callable[[Report], None] | None = None,
 ) -> Report:
-    """The smallest failing report found from ``report`` (itself when nothing smaller fails)."""
+    """The smallest failing report found from ``report`` (itself when nothing smaller fails).
+
+    A candidate counts when it shows a violation of one of ``kinds`` (default: the
+    kinds ``report`` shows).
+    """
     if report.ok:
         return report
-    kinds = {v.kind for v in report.violations}
+    kinds = kinds or {v.kind for v in report.violations}
     best = report
     attempts = 0
     improved = True

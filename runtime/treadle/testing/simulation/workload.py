@@ -119,8 +119,8 @@ def _step(rng: random.Random, sid: str, *, quick: bool = False) -> Op:
     }
 
 
-def generate(rng: random.Random, shape: Shape | None = None) -> Program:
-    """Draw one program and its outside actors."""
+def generate(rng: random.Random, shape: Shape | None = None, *, prefix: str = "") -> Program:
+    """Draw one program and its outside actors (hook tokens start with ``prefix``)."""
     shape = shape or Shape()
     ops: list[Op] = []
     actors: list[Actor] = []
@@ -154,7 +154,7 @@ def generate(rng: random.Random, shape: Shape | None = None) -> Program:
             )
         elif shape.hooks:
             tokens += 1
-            token = f"t{tokens}"
+            token = f"{prefix}t{tokens}"
             repeat = rng.random() < 0.3
             for n in range(2 if repeat else 1):
                 if rng.random() < 0.2:
@@ -167,7 +167,7 @@ def generate(rng: random.Random, shape: Shape | None = None) -> Program:
                         at=rng.choice([0.0, 1.0, 5.0, 40.0, 300.0]), kind="resume", token=token, n=n
                     )
                 )
-                if rng.random() < 0.15:  # a duplicate resume of the same payload
+                if not repeat and rng.random() < 0.15:  # a duplicate resume, same payload
                     actors.append(
                         Actor(at=rng.choice([0.5, 60.0]), kind="resume", token=token, n=n)
                     )

@@ -1,0 +1,197 @@
+"""The deterministic simulation (DESIGN.md section 10; issue 10, Deliver item 1).
+
+A fixed seed set runs the real orchestrator on the memory World under seeded
+faults and must hold every invariant; seeds that show a known engine bug on
+this branch are listed in ``KNOWN_FAILING`` with the bug (see
+``found_seeds.md``): once the fixes merge, the integrator empties that dict and
+every seed of ``CI_SEEDS`` must pass. The other tests keep the simulation
+honest: one seed replays to the same trace, planted defects in known-correct
+orchestrator rules are reported with their seed, a held loop is a violation,
+virtual time costs no real time, and shrinking keeps the failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from typing import Any
+
+import pytest
+
+from treadle.orchestrator import decisions
+from treadle.sdk import functions
+from treadle.testing.simulation import Config, FaultPlan, Shape, loop, shrink, simulate
+
+CI_SEEDS = list(range(40))
+
+BUG1 = "bug 1 / F1: an inline step's retry is re-run inline while its background attempt runs"
+BUG1X = "bug 1 / F1: a step failed as StepAttemptsExhausted while its attempt still ran"
+BUG2 = "bug 2: a storage error cancels a running inline body"
+BUG4 = "bug 4: the orchestrator spins synchronously (no free inline slot); the loop is held"
+
+# seed -> the known bug it shows on this branch (engine-audit.md sections 5 and 6);
+# the first violation's bug, see found_seeds.md. Empty it once the fixes merge.
+KNOWN_FAILING: dict[int, str] = {
+    1: BUG1,
+    2: BUG1,
+    5: BUG1,
+    10: BUG1,
+    14: BUG1X,
+    15: BUG1,
+    16: BUG1X,
+    17: BUG1,
+    18: BUG1,
+    19: BUG4,
+    20: BUG4,
+    21: BUG1X,
+    22: BUG4,
+    23: BUG4,
+    24: BUG1X,
+    26: BUG1,
+    27: BUG4,
+    29: BUG1,
+    32: BUG1X,
+    33: BUG1X,
+    38: BUG1,
+    39: BUG4,
+}
+
+
+@pytest.mark.parametrize(
+    "seed",
+    [
+        pytest.param(s, marks=pytest.mark.xfail(reason=KNOWN_FAILING[s], strict=False))
+        if s in KNOWN_FAILING
+        else s
+        for s in CI_SEEDS
+    ],
+)
+def test_seed_holds_every_invariant(seed: int) -> None:
+    """Every invariant holds for this seed (faults drawn from the seed)."""
+    report = simulate(seed)
+    assert report.ok, "\n".join([str(v) for v in report.violations] + [report.replay_command()])
+
+
+def test_same_seed_replays_the_same_trace() -> None:
+    """Determinism: a seed with faults gives the same faults, bodies and verdict twice."""
+    config = Config(
+        runs=2,
+        plan=FaultPlan.parse("storage_error=0.02,kill=0.01,stall=0.01,duplicate=0.02,budget=8"),
+    )
+    first, second = simulate(7, config), simulate(7, config)
+    assert first.trace and first.trace == second.trace
+    assert [str(v) for v in first.violations] == [str(v) for v in second.violations]
+    assert first.sim_seconds == second.sim_seconds
+
+
+def test_another_seed_draws_another_schedule() -> None:
+    """The seed matters: two seeds give different traces (the PRNG is really used)."""
+    assert simulate(7, Config(runs=2)).trace != simulate(8, Config(runs=2)).trace
+
+
+def test_planted_defect_in_the_wait_rule_is_reported_with_its_seed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A wrong ``decisions.due_waits`` (no sleep ever comes due) fails as never_ended."""
+    monkeypatch.setattr(decisions, "due_waits", lambda state, *, now_ms, woken: [])
+    config = Config(runs=1, plan=FaultPlan.none(), shape=Shape(hooks=False, actors=False))
+    seed = _seed_with(config, lambda r: any(op["k"] == "sleep" for op in r.programs[0].ops))
+    report = simulate(seed, config)
+    assert {v.kind for v in report.violations} >= {"never_ended"}
+    assert f"--seed {seed}" in report.replay_command()
+
+
+def test_planted_double_execution_is_reported_as_overlap(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A step body run twice at once (the defect bug 1 is an instance of) is an overlap."""
+    real = functions.StepFunction.run_body
+
+    async def twice(self: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
+        first, _ = await asyncio.gather(real(self, args, kwargs), real(self, args, kwargs))
+        return first
+
+    monkeypatch.setattr(functions.StepFunction, "run_body", twice)
+    config = Config(runs=1, plan=FaultPlan.none(), shape=Shape(hooks=False, actors=False))
+    report = simulate(_seed_with(config, lambda r: bool(r.programs[0].ops)), config)
+    assert "overlap" in {v.kind for v in report.violations}
+
+
+def test_a_held_loop_is_reported_not_hung() -> None:
+    """A callback that never yields trips the watchdog: LoopHeld, within seconds."""
+
+    async def spin() -> None:
+        await asyncio.sleep(1)
+        while True:
+            pass
+
+    t0 = time.monotonic()
+    with pytest.raises(loop.LoopHeld):
+        loop.run(spin, rng=random.Random(1), watchdog_seconds=1.0)
+    assert time.monotonic() - t0 < 10
+
+
+def test_a_spin_of_instant_awaits_is_reported() -> None:
+    """Awaiting only things that finish at once, forever, is a livelock at frozen time."""
+
+    async def spin() -> None:
+        while True:  # noqa: ASYNC110 - the livelock under test
+            await asyncio.sleep(0)
+
+    with pytest.raises(loop.LoopHeld, match="without time moving"):
+        loop.run(spin, rng=random.Random(1))
+
+
+def test_virtual_time_costs_no_real_time() -> None:
+    """A day of sleeps passes in well under a second, in the order of their deadlines."""
+
+    async def main() -> tuple[float, list[int]]:
+        order: list[int] = []
+
+        async def nap(i: int) -> None:
+            await asyncio.sleep(3600.0 * i)
+            order.append(i)
+
+        await asyncio.gather(*(nap(i) for i in (3, 1, 24, 2)))
+        return asyncio.get_running_loop().time(), order
+
+    t0 = time.monotonic()
+    at, order = loop.run(main, rng=random.Random(3))
+    assert at == 24 * 3600.0 and order == [1, 2, 3, 24]
+    assert time.monotonic() - t0 < 1.0
+
+
+def test_fault_plans_round_trip_through_the_replay_command() -> None:
+    plan = FaultPlan.parse("kill=0.01,stall=0.004,budget=6")
+    assert FaultPlan.parse(str(plan)) == plan
+    assert str(FaultPlan.parse("none")) == "none"
+
+
+def test_shrinking_keeps_the_failure_and_does_not_grow(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Shrinking a planted never-ended failure keeps it, with no more runs or ops."""
+    monkeypatch.setattr(decisions, "due_waits", lambda state, *, now_ms, woken: [])
+    config = Config(runs=3, plan=FaultPlan.parse("storage_error=0.01,budget=4"))
+    report = next(
+        r
+        for r in (simulate(seed, config) for seed in range(40))
+        if "never_ended" in {v.kind for v in r.violations}
+    )
+    small = shrink(report, max_attempts=12, kinds={"never_ended"})
+    assert "never_ended" in {v.kind for v in small.violations}
+    assert small.programs[0].size() <= report.programs[0].size() or small.config != config
+    assert small.config.runs <= config.runs and small.config.shape.max_ops <= config.shape.max_ops
+
+
+def _seed_with(config: Config, want: Any) -> int:
+    """The first seed whose generated programs satisfy ``want`` (programs only, no run)."""
+    from treadle.testing.simulation import workload
+    from treadle.testing.simulation.runner import Report
+
+    for seed in range(200):
+        rng = random.Random(f"{seed}/program")
+        report = Report(seed, config.plan or FaultPlan.none(), config)
+        report.programs = [
+            workload.generate(rng, config.shape, prefix=f"r{i}.") for i in range(config.runs)
+        ]
+        if want(report):
+            return seed
+    raise AssertionError("no seed fits")
