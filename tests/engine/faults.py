@@ -148,7 +148,23 @@ class FaultyQueue:
         self.answers: list[Answer] = []
         self.started: list[Started] = []
         self.holds: list[tuple[Callable[[Started], bool], asyncio.Event]] = []
+        self.answer_faults: list[Fault] = []
+        self.skews: list[tuple[Callable[[messages.Send], bool], float]] = []
+        self.drops: list[Fault] = []
+        self.dropped: list[messages.Send] = []
         self.signal = Signal()
+
+    def lose_answers(
+        self, times: int = 1, when: Callable[[Started], bool] = lambda s: True
+    ) -> None:
+        """The next ``times`` matching deliveries run, then their answer is lost: the handler
+        raises ConnectionError instead (a process dying after its last write or send)."""
+        self.answer_faults.append(Fault(when, times))
+
+    def skew_sends(self, seconds: float, when: Callable[[messages.Send], bool]) -> None:
+        """Matching sends go out ``seconds`` sooner than asked (a clock skew, a clamped
+        delay): a wait's final timer then arrives before its wait is due."""
+        self.skews.append((when, seconds))
 
     def hold_deliveries(self, when: Callable[[Started], bool], release: asyncio.Event) -> None:
         """Every delivery that matches waits at its start until ``release`` is set."""
@@ -160,6 +176,11 @@ class FaultyQueue:
     def fail_sends(self, times: int = 1, when: Callable[..., bool] = lambda s: True) -> None:
         self.send_faults.append(Fault(when, times))
 
+    def drop_sends(self, times: int = 1, when: Callable[..., bool] = lambda s: True) -> None:
+        """The next ``times`` matching sends report success but never reach the queue (a
+        process that died between its commit and the send, seen from the queue)."""
+        self.drops.append(Fault(when, times))
+
     async def send(
         self, message: Any, *, key: str | None = None, delay_seconds: float = 0.0
     ) -> Any:
@@ -167,10 +188,19 @@ class FaultyQueue:
         return result
 
     async def send_batch(self, sends: Sequence[messages.Send]) -> list[messages.SendResult]:
+        for when, seconds in self.skews:
+            sends = [
+                messages.Send(s.message, s.key, max(s.delay_seconds - seconds, 0.0))
+                if when(s)
+                else s
+                for s in sends
+            ]
         for send in sends:
             if any(f.hit(send) for f in self.send_faults):
                 raise ConnectionError(f"injected: send of {send.key or send.message.kind} failed")
-        self.sent.extend(sends)
+        kept = [s for s in sends if not any(f.hit(s) for f in self.drops)]
+        self.dropped.extend(s for s in sends if s not in kept)
+        self.sent.extend(kept)
         by = CURRENT.get()
         for send in sends:
             cid = getattr(send.message, "step_id", None)
@@ -178,9 +208,14 @@ class FaultyQueue:
             if cont is not None:
                 cid = cont.correlation_id
             name = send.key or send.message.kind
-            self.trace.append(Traced(next(_order), "send", name, cid, by, send))
+            if send in kept:
+                self.trace.append(Traced(next(_order), "send", name, cid, by, send))
         self.signal.ping()
-        return await self._inner.send_batch(sends)
+        results = iter(await self._inner.send_batch(kept) if kept else [])
+        return [
+            next(results) if s in kept else messages.SendResult(f"dropped-{i}")
+            for i, s in enumerate(sends)
+        ]
 
     async def consume(
         self, handlers: Mapping[messages.MessageKind, contract.Handler], *, concurrency: int = 32
@@ -200,6 +235,11 @@ class FaultyQueue:
                     self.answers.append(Answer(kind, meta, None, exc))
                     self.signal.ping()
                     raise
+                if any(f.hit(started) for f in self.answer_faults):
+                    exc = ConnectionError(f"injected: the answer {result!r} was lost")
+                    self.answers.append(Answer(kind, meta, None, exc))
+                    self.signal.ping()
+                    raise exc
                 self.answers.append(Answer(kind, meta, result, None))
                 self.signal.ping()
                 return result

@@ -1,0 +1,222 @@
+"""Audit rows on re-sends after a lost send (seed 003 "A crash before the owed sends").
+
+EDGE-CASES B1 and B3: a delivery commits a step's creation (or an inline step's
+moved retry) and its send never reaches the queue; whichever later delivery of
+the run is counted above 1 (a handoff continuation, a coalesced re-run, the
+redelivery folded into a hook wake) re-sends it under its stable key, once, and
+the step runs once. Both Worlds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from treadle import Hook, RetryableError
+from treadle.world import contract, messages
+
+from .audit import assert_sound, types
+from .conftest import MakeApp, OpenWorld
+from .faults import FaultyWorld, Started, Traced
+
+SLOW_BACKOFF = contract.QueueTuning(
+    lease_seconds=5.0, backoff_base_seconds=0.6, backoff_max_seconds=0.6
+)
+
+
+class Ping(Hook):
+    n: int
+
+
+def _first_step_send(s: messages.Send) -> bool:
+    return isinstance(s.message, messages.StepMessage) and not s.message.step_resent
+
+
+def _plain_wake(s: Started) -> bool:
+    m = s.message
+    return (
+        isinstance(m, messages.OrchestratorMessage)
+        and m.run_input is None
+        and m.wait_continuation is None
+        and not m.complete_waits
+    )
+
+
+def _resends(world: FaultyWorld) -> list[Traced]:
+    return [
+        t
+        for t in world.trace
+        if t.send is not None
+        and isinstance(t.send.message, messages.StepMessage)
+        and t.send.message.step_resent
+    ]
+
+
+async def test_a_handoff_continuation_re_sends_a_step_whose_send_was_lost(
+    faulty: FaultyWorld, make_app: MakeApp
+) -> None:
+    """Audit B1 (handoff variant): the first delivery commits step_created(s1) but s1's
+    message never reaches the queue; the delivery runs an inline body to its window's end
+    and hands off. The continuation (counted above 1, same attempt) re-sends s1 under its
+    key, once; s1 runs once."""
+    app = make_app(world=faulty, WORKFLOW_MAX_INLINE_STEPS=1, WORKFLOW_V2_TIMEOUT_MS=1000)
+    ran: list[str] = []
+
+    @app.step
+    async def slow() -> str:
+        await asyncio.sleep(1.3)  # past the 1 s window
+        return "slow"
+
+    @app.step
+    async def work() -> str:
+        ran.append("work")
+        return "worked"
+
+    @app.workflow
+    async def flow() -> str:
+        a, b = await asyncio.gather(slow(), work())
+        return f"{a}+{b}"
+
+    faulty.queue.drop_sends(1, when=_first_step_send)
+    run = await app.start(flow)
+    assert await run.result(timeout=20) == "slow+worked"
+    assert ran == ["work"]
+    answers = faulty.queue.orchestrator_answers()
+    assert answers[0].result == messages.HANDOFF, "the first delivery handed off"
+    (lost,) = faulty.queue.dropped
+    (resent,) = _resends(faulty)
+    assert resent.send is not None and resent.send.key == lost.key
+    assert resent.by is not None and resent.by.meta.message_id == answers[0].meta.message_id
+    assert resent.by.meta.delivery_count > 1 and resent.by.meta.attempt == 1
+    assert types(await assert_sound(run)).count("step_created") == 1
+
+
+async def test_a_coalesced_re_run_re_sends_a_step_whose_send_was_lost(
+    faulty: FaultyWorld, make_app: MakeApp
+) -> None:
+    """Audit B1 (coalesced re-run variant): a wake is coalesced into the first delivery
+    while it runs; that delivery commits step_created(s1) and s1's send is lost. Its
+    coalesced re-run (counted above 1) re-sends s1 under its key, once per invocation;
+    s1 runs once."""
+    app = make_app(world=faulty, WORKFLOW_MAX_INLINE_STEPS=0, WORKFLOW_ORCHESTRATOR_LINGER_MS=0)
+    ran: list[str] = []
+
+    @app.step
+    async def work() -> str:
+        ran.append("work")
+        return "worked"
+
+    @app.workflow
+    async def flow() -> str:
+        return await work()
+
+    release = asyncio.Event()
+    faulty.queue.hold_deliveries(lambda s: s.message.run_input is not None, release)
+    faulty.queue.drop_sends(1, when=_first_step_send)
+    run = await app.start(flow)
+    await faulty.queue.until(lambda: bool(faulty.queue.started))
+    record = await run.get()
+    await faulty.queue.send(
+        messages.OrchestratorMessage(
+            run_id=run.run_id, deployment_id=record.deployment_id, run_spec_version=9
+        )
+    )
+    await asyncio.sleep(0.3)  # the queue folds the wake into the held delivery
+    release.set()
+    assert await run.result(timeout=20) == "worked"
+    assert ran == ["work"]
+    (lost,) = faulty.queue.dropped
+    (resent,) = _resends(faulty)
+    assert resent.send is not None and resent.send.key == lost.key
+    assert resent.by is not None and resent.by.meta.rerun >= 1, "the coalesced re-run re-sent"
+    assert resent.by.meta.message_id == faulty.queue.started[0].meta.message_id
+    assert not [s for s in faulty.queue.started if _plain_wake(s) and s.meta.rerun == 0], (
+        "the wake ran alone instead of coalescing"
+    )
+
+
+async def test_a_creators_redelivery_coalesced_into_a_hook_wake_re_sends_its_step(
+    open_world: OpenWorld, make_app: MakeApp
+) -> None:
+    """Audit B3 / seed 003 "Creator's redelivery coalesced away": D1 commits
+    step_created(s1) and dies before the send. A hook wake holds the run when D1's
+    redelivery comes, so the redelivery is coalesced into it; the holder's re-run re-sends
+    s1 (D1 created it); s1 runs once and the run completes."""
+    world = FaultyWorld(await open_world(SLOW_BACKOFF))
+    app = make_app(world=world, WORKFLOW_MAX_INLINE_STEPS=0)
+    ran: list[str] = []
+
+    @app.step
+    async def work() -> str:
+        ran.append("work")
+        return "worked"
+
+    @app.workflow
+    async def flow() -> str:
+        ping, got = await asyncio.gather(Ping.wait(token="b3-ping"), work())
+        return f"{got} {ping.n}"
+
+    world.queue.fail_sends(1, when=_first_step_send)
+    release = asyncio.Event()
+    world.queue.hold_deliveries(_plain_wake, release)
+    run = await app.start(flow)
+    await world.queue.until(lambda: any(a.error for a in world.queue.orchestrator_answers()))
+    died_at = time.time()
+    await app.resume_hook("b3-ping", Ping(n=3))
+    await world.queue.until(lambda: any(_plain_wake(s) for s in world.queue.started))
+    await asyncio.sleep(max(died_at + 1.4 - time.time(), 0))  # D1's redelivery is due by then
+    release.set()
+    assert await run.result(timeout=20) == "worked 3"
+    assert ran == ["work"]
+    start = world.queue.started[0].meta.message_id
+    assert [s for s in world.queue.started if s.meta.message_id == start] == [
+        world.queue.started[0]
+    ], "D1's redelivery ran alone instead of coalescing"
+    (resent,) = _resends(world)
+    holder = next(s for s in world.queue.started if _plain_wake(s)).meta.message_id
+    assert resent.by is not None and resent.by.meta.message_id == holder
+    assert resent.by.meta.delivery_count > 1
+
+
+async def test_a_moved_inline_retry_whose_send_was_lost_is_re_sent_by_the_holder(
+    open_world: OpenWorld, make_app: MakeApp
+) -> None:
+    """Audit B3 (retry variant): an inline step fails once (RetryableError); D1 commits its
+    step_retrying (the retry moved to the step's own message) and dies before sending that
+    message. D1's redelivery coalesces into a hook wake; the holder's re-run re-sends the
+    retry (attempt 2) under the step's key; the body runs twice in all, never concurrently."""
+    world = FaultyWorld(await open_world(SLOW_BACKOFF))
+    app = make_app(world=world)
+    attempts: list[int] = []
+
+    @app.step
+    async def flaky() -> str:
+        attempts.append(len(attempts) + 1)
+        if len(attempts) == 1:
+            raise RetryableError("once", retry_after=0)
+        return "steady"
+
+    @app.workflow
+    async def flow() -> str:
+        ping, got = await asyncio.gather(Ping.wait(token="b3r-ping"), flaky())
+        return f"{got} {ping.n}"
+
+    world.queue.fail_sends(1, when=_first_step_send)
+    release = asyncio.Event()
+    world.queue.hold_deliveries(_plain_wake, release)
+    run = await app.start(flow)
+    await world.queue.until(lambda: any(a.error for a in world.queue.orchestrator_answers()))
+    died_at = time.time()
+    await app.resume_hook("b3r-ping", Ping(n=4))
+    await world.queue.until(lambda: any(_plain_wake(s) for s in world.queue.started))
+    await asyncio.sleep(max(died_at + 1.4 - time.time(), 0))
+    release.set()
+    assert await run.result(timeout=20) == "steady 4"
+    assert attempts == [1, 2]
+    (resent,) = _resends(world)
+    assert isinstance(resent.send and resent.send.message, messages.StepMessage)
+    assert resent.send is not None and resent.send.message.step_attempt == 2  # type: ignore[union-attr]
+    holder = next(s for s in world.queue.started if _plain_wake(s)).meta.message_id
+    assert resent.by is not None and resent.by.meta.message_id == holder
+    log = await assert_sound(run)
+    assert types(log).count("step_completed") == 1
