@@ -96,6 +96,8 @@ class FaultyEvents:
         self.refusals: list[Fault] = []
         self.failures: list[Fault] = []
         self.trace: list[Traced] = [] if trace is None else trace
+        # Every write that reached this wrapper: (first event's type, the keyword arguments).
+        self.calls: list[tuple[str, dict[str, Any]]] = []
 
     def _traced(self, logged: Sequence[events.LoggedEvent]) -> None:
         by = CURRENT.get()
@@ -114,6 +116,7 @@ class FaultyEvents:
     def _refused(
         self, run_id: str, event: events.Event, in_band: bool, expected: int | None
     ) -> None:
+        self.calls.append((event.type, {"in_band": in_band, "expected": expected}))
         if in_band and any(f.hit(event) for f in self.refusals):
             raise errors.InBandSuperseded(
                 run_id, expected_seq_in_band=expected or 0, seq_in_band=(expected or 0) + 1
@@ -123,6 +126,7 @@ class FaultyEvents:
 
     async def create(self, run_id: str, event: events.Event, **kw: Any) -> records.EventResult:
         self._refused(run_id, event, kw.get("in_band", False), kw.get("expected_seq_in_band"))
+        self.calls[-1][1].update(kw)
         result = await self._inner.create(run_id, event, **kw)
         self._traced([result.event])
         return result
@@ -131,6 +135,7 @@ class FaultyEvents:
         self, run_id: str, batch: Sequence[events.Event], **kw: Any
     ) -> records.BatchResult:
         self._refused(run_id, batch[0], kw.get("in_band", False), kw.get("expected_seq_in_band"))
+        self.calls[-1][1].update(kw)
         result = await self._inner.create_batch(run_id, batch, **kw)
         self._traced([i.event for i in result.items if i.event is not None])
         return result
