@@ -210,3 +210,40 @@ async def test_a_load_below_the_snapshots_seq_is_a_contract_error(
         session.close()
     finally:
         await world.close()
+
+
+async def test_an_incomplete_report_makes_the_session_read_the_tail(
+    faulty: FaultyWorld,
+) -> None:
+    """Audit EP10 and G3 / seed 003 "Report incomplete -> reload": more out-of-band events
+    land between the load and an own write than a skipped-slot report holds (1,000); the
+    write's report says has_more, so the session reads the tail and consumes every event,
+    the own write in its slot, in order and without a gap."""
+    run_id, _ = await _run(faulty)
+    session = _session(faulty, run_id)
+    await session.load()
+    landed = 1_050
+    for start in range(0, landed, 50):
+        await faulty.events.create_batch(
+            run_id,
+            [
+                events.StepCreated(correlation_id=f"oob{i}", step_name="work")
+                for i in range(start, min(start + 50, landed))
+            ],
+            in_band=False,
+        )
+    inner = faulty.events.create
+    reports: list[tuple[int, bool]] = []
+
+    async def create(run_id: str, event: events.Event, **kw: Any) -> Any:
+        result = await inner(run_id, event, **kw)
+        reports.append((len(result.report), result.has_more))
+        return result
+
+    faulty.events.create = create  # type: ignore[method-assign]
+    own = await session.write(_created("mine"))
+    assert reports == [(1_000, True)], "the World's report was cut short (the path under test)"
+    assert own.slot == landed + 2
+    assert session.tail == own.slot and not session.has_pending
+    assert [e.slot for e in session.loaded] == list(range(1, own.slot + 1))
+    session.close()
