@@ -12,7 +12,10 @@ from __future__ import annotations
 import asyncio
 import time
 
-from treadle import Hook, RetryableError
+import pytest
+
+from treadle import Hook, RetryableError, Workflows, clock, settings
+from treadle.orchestrator.delivery import OrchestratorDelivery
 from treadle.world import contract, messages
 
 from .audit import assert_sound, types
@@ -227,3 +230,71 @@ async def test_a_moved_inline_retry_whose_send_was_lost_is_re_sent_by_the_holder
     assert resent.by is not None and resent.by.meta.message_id == holder
     log = await assert_sound(run)
     assert types(log).count("step_completed") == 1
+
+
+class _Later:
+    """The system clock, 25 hours on (past the 23 h re-send bound and a 24 h dedupe)."""
+
+    def time(self) -> float:
+        return clock.SYSTEM.time() + 25 * 3600
+
+    def monotonic(self) -> float:
+        return clock.SYSTEM.monotonic()
+
+    def random_bytes(self, n: int) -> bytes:
+        return clock.SYSTEM.random_bytes(n)
+
+
+@pytest.mark.parametrize("late", [False, True])
+async def test_the_re_send_rule_skips_creations_older_than_23_hours(
+    faulty: FaultyWorld, late: bool
+) -> None:
+    """Audit B6 / seed 003 "The 23-hour re-send bound": a step is created and sent by the
+    run's first delivery. A delivery counted above 1 re-sends it when it comes soon after;
+    when it comes 25 h later (the orchestrator's clock on; the queue's dedupe window would
+    have forgotten the key) it does not, so the step never gets a second message."""
+    app = Workflows(world=faulty, settings_=settings.load({}, WORKFLOW_MAX_INLINE_STEPS=0,
+                    WORKFLOW_ORCHESTRATOR_LINGER_MS=0),
+                    worker=False)  # fmt: skip
+
+    @app.step
+    async def work() -> str:
+        return "w"
+
+    @app.workflow
+    async def flow() -> str:
+        return await work()
+
+    try:
+        run = await app.start(flow)
+        rt = app.runtime(faulty)
+        record = await run.get()
+        wake = messages.OrchestratorMessage(
+            run_id=run.run_id, deployment_id=record.deployment_id, run_spec_version=9
+        )
+
+        def meta(count: int) -> messages.DeliveryMeta:
+            return messages.DeliveryMeta(
+                message_id=f"m-b6-{count}", delivery_count=count, attempt=count,
+                invocation_started_at=clock.now_ms(),
+            )  # fmt: skip
+
+        assert await OrchestratorDelivery(rt, wake, meta(1)).run() == messages.ACK
+        first = [s for s in faulty.queue.sent if s.message.kind == "step"]
+        assert len(first) == 1
+        if late:
+            with clock.use(_Later()):
+                answer = await OrchestratorDelivery(rt, wake, meta(2)).run()
+        else:
+            answer = await OrchestratorDelivery(rt, wake, meta(2)).run()
+        assert answer == messages.ACK
+        resent = [s for s in faulty.queue.sent if s.message.kind == "step"][1:]
+        if late:
+            assert resent == [], "a creation over 23 h old was re-sent"
+        else:
+            assert [s.key for s in resent] == [first[0].key]
+            assert isinstance(resent[0].message, messages.StepMessage)
+            assert resent[0].message.step_resent
+    finally:
+        await app.close(grace_seconds=0)
+        await faulty.close()
