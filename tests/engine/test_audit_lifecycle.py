@@ -232,3 +232,43 @@ async def test_a_run_of_an_unknown_format_is_left_untouched(
     after = await faulty.runs.get(record.run_id)
     assert after.status == "pending" and after.seq == 1
     assert not [t for t in faulty.trace if t.what == "write"]
+
+
+async def test_a_coalesced_re_run_of_the_turbo_first_delivery_loads_the_log(
+    make_app: MakeApp, faulty: FaultyWorld
+) -> None:
+    """Audit RT13 and RL4 / seed 003 "Coalesced re-run of the first delivery loads the log":
+    a wake is coalesced into the start message's first delivery, which went turbo (no
+    load). Its re-run is counted above 1 with the same attempt and invocation start, and
+    loads the log instead of synthesizing it."""
+    app = make_app(world=faulty, WORKFLOW_ORCHESTRATOR_LINGER_MS=0)
+    loads = _count_loads(faulty)
+
+    @app.workflow
+    async def flow() -> str:
+        ping = await Ping.wait(token="rt13-ping")
+        return f"got {ping.n}"
+
+    release = asyncio.Event()
+    faulty.queue.hold_deliveries(lambda s: getattr(s.message, "run_input", None) is not None,
+                                 release)  # fmt: skip
+    run = await app.start(flow)
+    await faulty.queue.until(lambda: bool(faulty.queue.started))
+    record = await run.get()
+    await faulty.queue.send(
+        messages.OrchestratorMessage(
+            run_id=run.run_id, deployment_id=record.deployment_id, run_spec_version=9
+        )
+    )
+    await asyncio.sleep(0.3)  # the queue folds the wake into the held delivery
+    release.set()
+    await faulty.queue.until(
+        lambda: any(a.meta.rerun >= 1 for a in faulty.queue.orchestrator_answers())
+    )
+    first, rerun = faulty.queue.orchestrator_answers()[:2]
+    assert first.meta.rerun == 0 and rerun.meta.rerun == 1
+    assert rerun.meta.delivery_count == 2 and rerun.meta.attempt == first.meta.attempt == 1
+    assert rerun.meta.invocation_started_at == first.meta.invocation_started_at
+    assert loads[:1] == [2], "the turbo first run loaded nothing; its re-run loaded the log"
+    await app.resume_hook("rt13-ping", Ping(n=13))
+    assert await run.result(timeout=10) == "got 13"
