@@ -108,6 +108,8 @@ async def test_lost_completion_wake_is_sent_again_by_the_step_redelivery(
 
     @app.step
     async def work() -> str:
+        # The orchestrator has acked (waiting for this wake) before the outcome commits.
+        await faulty.queue.until(lambda: bool(faulty.queue.orchestrator_answers()))
         ran["work"] += 1
         return "done"
 
