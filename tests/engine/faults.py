@@ -96,6 +96,8 @@ class FaultyEvents:
         self.refusals: list[Fault] = []
         self.failures: list[Fault] = []
         self.trace: list[Traced] = [] if trace is None else trace
+        # Every write that reached this wrapper: (first event's type, the keyword arguments).
+        self.calls: list[tuple[str, dict[str, Any]]] = []
 
     def _traced(self, logged: Sequence[events.LoggedEvent]) -> None:
         by = CURRENT.get()
@@ -114,6 +116,7 @@ class FaultyEvents:
     def _refused(
         self, run_id: str, event: events.Event, in_band: bool, expected: int | None
     ) -> None:
+        self.calls.append((event.type, {"in_band": in_band, "expected": expected}))
         if in_band and any(f.hit(event) for f in self.refusals):
             raise errors.InBandSuperseded(
                 run_id, expected_seq_in_band=expected or 0, seq_in_band=(expected or 0) + 1
@@ -123,6 +126,7 @@ class FaultyEvents:
 
     async def create(self, run_id: str, event: events.Event, **kw: Any) -> records.EventResult:
         self._refused(run_id, event, kw.get("in_band", False), kw.get("expected_seq_in_band"))
+        self.calls[-1][1].update(kw)
         result = await self._inner.create(run_id, event, **kw)
         self._traced([result.event])
         return result
@@ -131,6 +135,7 @@ class FaultyEvents:
         self, run_id: str, batch: Sequence[events.Event], **kw: Any
     ) -> records.BatchResult:
         self._refused(run_id, batch[0], kw.get("in_band", False), kw.get("expected_seq_in_band"))
+        self.calls[-1][1].update(kw)
         result = await self._inner.create_batch(run_id, batch, **kw)
         self._traced([i.event for i in result.items if i.event is not None])
         return result
@@ -148,7 +153,23 @@ class FaultyQueue:
         self.answers: list[Answer] = []
         self.started: list[Started] = []
         self.holds: list[tuple[Callable[[Started], bool], asyncio.Event]] = []
+        self.answer_faults: list[Fault] = []
+        self.skews: list[tuple[Callable[[messages.Send], bool], float]] = []
+        self.drops: list[Fault] = []
+        self.dropped: list[messages.Send] = []
         self.signal = Signal()
+
+    def lose_answers(
+        self, times: int = 1, when: Callable[[Started], bool] = lambda s: True
+    ) -> None:
+        """The next ``times`` matching deliveries run, then their answer is lost: the handler
+        raises ConnectionError instead (a process dying after its last write or send)."""
+        self.answer_faults.append(Fault(when, times))
+
+    def skew_sends(self, seconds: float, when: Callable[[messages.Send], bool]) -> None:
+        """Matching sends go out ``seconds`` sooner than asked (a clock skew, a clamped
+        delay): a wait's final timer then arrives before its wait is due."""
+        self.skews.append((when, seconds))
 
     def hold_deliveries(self, when: Callable[[Started], bool], release: asyncio.Event) -> None:
         """Every delivery that matches waits at its start until ``release`` is set."""
@@ -160,6 +181,11 @@ class FaultyQueue:
     def fail_sends(self, times: int = 1, when: Callable[..., bool] = lambda s: True) -> None:
         self.send_faults.append(Fault(when, times))
 
+    def drop_sends(self, times: int = 1, when: Callable[..., bool] = lambda s: True) -> None:
+        """The next ``times`` matching sends report success but never reach the queue (a
+        process that died between its commit and the send, seen from the queue)."""
+        self.drops.append(Fault(when, times))
+
     async def send(
         self, message: Any, *, key: str | None = None, delay_seconds: float = 0.0
     ) -> Any:
@@ -167,10 +193,19 @@ class FaultyQueue:
         return result
 
     async def send_batch(self, sends: Sequence[messages.Send]) -> list[messages.SendResult]:
+        for when, seconds in self.skews:
+            sends = [
+                messages.Send(s.message, s.key, max(s.delay_seconds - seconds, 0.0))
+                if when(s)
+                else s
+                for s in sends
+            ]
         for send in sends:
             if any(f.hit(send) for f in self.send_faults):
                 raise ConnectionError(f"injected: send of {send.key or send.message.kind} failed")
-        self.sent.extend(sends)
+        kept = [s for s in sends if not any(f.hit(s) for f in self.drops)]
+        self.dropped.extend(s for s in sends if s not in kept)
+        self.sent.extend(kept)
         by = CURRENT.get()
         for send in sends:
             cid = getattr(send.message, "step_id", None)
@@ -178,9 +213,14 @@ class FaultyQueue:
             if cont is not None:
                 cid = cont.correlation_id
             name = send.key or send.message.kind
-            self.trace.append(Traced(next(_order), "send", name, cid, by, send))
+            if send in kept:
+                self.trace.append(Traced(next(_order), "send", name, cid, by, send))
         self.signal.ping()
-        return await self._inner.send_batch(sends)
+        results = iter(await self._inner.send_batch(kept) if kept else [])
+        return [
+            next(results) if s in kept else messages.SendResult(f"dropped-{i}")
+            for i, s in enumerate(sends)
+        ]
 
     async def consume(
         self, handlers: Mapping[messages.MessageKind, contract.Handler], *, concurrency: int = 32
@@ -200,6 +240,11 @@ class FaultyQueue:
                     self.answers.append(Answer(kind, meta, None, exc))
                     self.signal.ping()
                     raise
+                if any(f.hit(started) for f in self.answer_faults):
+                    exc = ConnectionError(f"injected: the answer {result!r} was lost")
+                    self.answers.append(Answer(kind, meta, None, exc))
+                    self.signal.ping()
+                    raise exc
                 self.answers.append(Answer(kind, meta, result, None))
                 self.signal.ping()
                 return result

@@ -2,7 +2,8 @@
 
 Seed 003 "Lease stall overlap", "Two deliveries of one message, one dies owing
 a send", "A new wait's creator coalesced away" and "Coalesced timer losing its
-re-arm" (EDGE-CASES A1, B2, C1, C3; audit rows A1, B2, C1, C3), on both Worlds.
+re-arm" (EDGE-CASES A1, B2, C1, C3; audit rows A1, B2, C1, C3), and "Coalesced
+re-run outliving its lease" (audit BF2), on both Worlds.
 
 A delivery is made stale the only way a live one can be: its event loop is
 blocked past the lease (``time.sleep``), so its heartbeat misses and the queue
@@ -15,6 +16,7 @@ held at its start by ``FaultyQueue.hold_deliveries``.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from typing import Any
 
@@ -319,3 +321,47 @@ async def test_a_coalesced_timer_is_completed_by_the_holder_which_arms_the_next(
         and t.by.meta.message_id == holder
     ]
     assert armed and armed[0].seq < w1_done.seq, "the holder armed w2 before completing w1"
+
+
+async def test_coalesced_re_runs_outliving_the_lease_keep_it(
+    open_world: OpenWorld, make_app: MakeApp, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Audit BF2 / seed 003 "Coalesced re-run outliving its lease": the first delivery works
+    (awaits) for two leases, a wake is coalesced into it, and its re-run works two leases
+    more. The heartbeat spans the re-runs: the lease is never lost, the message is never
+    delivered again beside or after the holder, and the run completes."""
+    world = FaultyWorld(await open_world(SHORT_LEASE))
+    app = make_app(world=world, WORKFLOW_ORCHESTRATOR_LINGER_MS=0)
+    span = SHORT_LEASE.lease_seconds * 2
+
+    @app.workflow
+    async def flow() -> str:
+        ping = await Ping.wait(token="bf2-ping")
+        return f"got {ping.n}"
+
+    first_go, rerun_go = asyncio.Event(), asyncio.Event()
+    world.queue.hold_deliveries(lambda s: _start_message(s) and s.meta.rerun == 0, first_go)
+    world.queue.hold_deliveries(lambda s: _start_message(s) and s.meta.rerun == 1, rerun_go)
+    caplog.set_level(logging.WARNING, logger="treadle")
+    run = await app.start(flow)
+    await world.queue.until(lambda: bool(world.queue.started))
+    record = await run.get()
+    await world.queue.send(
+        messages.OrchestratorMessage(
+            run_id=run.run_id, deployment_id=record.deployment_id, run_spec_version=9
+        )
+    )
+    loop = asyncio.get_running_loop()
+    loop.call_later(span, first_go.set)  # the holder at work for two leases
+    await world.queue.until(lambda: any(s.meta.rerun == 1 for s in world.queue.started))
+    loop.call_later(span, rerun_go.set)  # and its re-run for two more
+    await world.queue.until(
+        lambda: any(a.meta.rerun == 1 for a in world.queue.orchestrator_answers())
+    )
+    start = world.queue.started[0].meta.message_id
+    again = [s for s in world.queue.started if s.meta.message_id == start and s.meta.rerun == 0]
+    assert len(again) == 1, "the message was delivered again: the lease lapsed"
+    lost = [r for r in caplog.records if "lost its lease" in r.getMessage()]
+    assert lost == []
+    await app.resume_hook("bf2-ping", Ping(n=2))
+    assert await run.result(timeout=10) == "got 2"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import Counter
 from pathlib import Path
@@ -74,9 +75,13 @@ async def test_inline_step_after_an_orchestrator_crash(
         assert ran == Counter({2: 1})
 
 
-async def test_replay_divergence_recovered_in_place(make_app: MakeApp) -> None:
-    """G1, once: the third delivery diverges at position 2, replays cold in place, completes."""
+async def test_replay_divergence_recovered_in_place(
+    make_app: MakeApp, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Audit G1, once: the third replay diverges at position 2 (the log has step b, the code
+    reaches step c), is logged once, replays cold in place (a fourth replay) and completes."""
     app = make_app()
+    caplog.set_level(logging.WARNING, logger="treadle.orchestrator")
     replays: list[int] = []
 
     @app.step
@@ -102,12 +107,19 @@ async def test_replay_divergence_recovered_in_place(make_app: MakeApp) -> None:
 
     run = await app.start(flow)
     assert await run.result(timeout=10) == "ab"
+    diverged = [r for r in caplog.records if "replay diverged" in r.getMessage()]
+    assert len(diverged) == 1, "the divergence under test happened, once"
+    assert "position 2" in diverged[0].getMessage() and run.run_id in diverged[0].getMessage()
+    assert len(replays) == 4, "three replays, the third diverged, one cold replay after it"
 
 
-async def test_replay_divergence_past_the_budget_is_a_corrupted_log(make_app: MakeApp) -> None:
-    """G1, always: after WORKFLOW_REPLAY_DIVERGENCE_MAX_RETRIES cold replays the run fails
-    with CorruptedEventLog naming the position and the mismatch."""
-    app = make_app()
+async def test_replay_divergence_past_the_budget_is_a_corrupted_log(
+    make_app: MakeApp, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Audit G1, always: after WORKFLOW_REPLAY_DIVERGENCE_MAX_RETRIES (2 here) cold replays
+    the run fails with CorruptedEventLog naming the position and the mismatch."""
+    app = make_app(WORKFLOW_REPLAY_DIVERGENCE_MAX_RETRIES=2)
+    caplog.set_level(logging.WARNING, logger="treadle.orchestrator")
     replays: list[int] = []
 
     @app.step
@@ -136,6 +148,9 @@ async def test_replay_divergence_past_the_budget_is_a_corrupted_log(make_app: Ma
         await run.result(timeout=10)
     error = (await run.get()).error
     assert error is not None and error.type == "CorruptedEventLog"
+    diverged = [r for r in caplog.records if "replay diverged" in r.getMessage()]
+    assert len(diverged) == 3, "the first divergence and two cold replays, then the failure"
+    assert len(replays) == 2 + 3
 
 
 class Payload(Hook):
