@@ -6,8 +6,11 @@
   clamped to ``MAX_REDELIVER_SECONDS`` (never a handoff).
 - ``call_handler``: calls a handler and maps what it did to an ``Outcome``:
   its answer, or ``Failed`` when it raised or answered something else.
+- ``deliver_with_reruns``: one delivery's handler calls: the coalesced re-runs
+  (``delivery_count + rerun``, same ``attempt`` and start time) while the queue
+  refuses the ack, at most ``MAX_COALESCED_RERUNS``, then a handoff.
 
-Used by the local and in-memory queues (``treadle.worlds.local``,
+Used by the queues (``treadle.worlds.local``, ``treadle.worlds.nats``,
 ``treadle.testing.memory``), so a fix to one of these rules lands once.
 """
 
@@ -16,10 +19,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TypeAlias
+from typing import Protocol, TypeAlias
 
-from treadle import errors
+from treadle import clock, errors
 from treadle.world import constants, contract, messages
 
 log = logging.getLogger("treadle.world.queue")
@@ -90,3 +94,63 @@ async def call_handler(
         )
         return Failed(f"handler answered {result!r}")
     return result
+
+
+class Settlement(Protocol):
+    """What a queue's settle answers: ``status`` "rerun" (with the ``coalesced`` count
+    the re-run must cover) or anything else (the delivery is over)."""
+
+    @property
+    def status(self) -> str: ...
+
+    @property
+    def coalesced(self) -> int: ...
+
+
+Settle: TypeAlias = Callable[[Outcome, int], Awaitable[Settlement]]
+
+
+async def deliver_with_reruns(
+    handler: contract.Handler,
+    message: messages.OrchestratorMessage | messages.StepMessage,
+    *,
+    message_id: str,
+    delivery_count: int,
+    handoffs: int,
+    key: str | None,
+    lease_lost: asyncio.Event | None,
+    settle: Settle,
+    stopped: Callable[[], bool] = lambda: False,
+) -> None:
+    """Run one delivery: call the handler, settle its answer (``settle(outcome, covered)``),
+    and re-run it in the same delivery while the queue says messages were coalesced into
+    it; past ``MAX_COALESCED_RERUNS`` re-runs, hand the message off. ``stopped()`` ends it
+    before a further call (a dead process)."""
+    started_ms = clock.now_ms()
+    attempt = max(1, delivery_count - handoffs)
+    rerun = covered = 0
+    while not stopped():
+        meta = messages.DeliveryMeta(
+            message_id=message_id,
+            delivery_count=delivery_count + rerun,
+            attempt=attempt,
+            invocation_started_at=started_ms,
+            key=key,
+            rerun=rerun,
+            lease_lost=lease_lost,
+        )
+        outcome = await call_handler(handler, message, meta)
+        settled = await settle(outcome, covered)
+        if settled.status != "rerun":
+            return
+        if rerun >= constants.MAX_COALESCED_RERUNS:
+            log.info(
+                "run %s: %d coalesced re-runs used up; handing off message %s",
+                message.run_id,
+                rerun,
+                message_id,
+            )
+            await settle(messages.HANDOFF, covered)
+            return
+        covered = settled.coalesced
+        rerun += 1

@@ -25,7 +25,7 @@ import logging
 from treadle import clock
 from treadle.testing.memory import points as fault_points
 from treadle.testing.memory.queue import MIN_WAIT_SECONDS, Leased, MessageQueue, Settled
-from treadle.world import constants, contract, messages, queuerules
+from treadle.world import contract, messages, queuerules
 
 log = logging.getLogger("treadle.testing.memory.consumer")
 
@@ -143,37 +143,24 @@ class MemoryConsumer:
         handler = self._handlers[message.kind]
         heartbeat = asyncio.get_running_loop().create_task(self._heartbeat(leased))
         self._heartbeats[heartbeat] = None
-        started_ms = clock.now_ms()
-        attempt = max(1, leased.delivery_count - leased.handoffs)
-        rerun = covered = 0
         try:
             if await self._points.before("queue.deliver", message.run_id) == "lose":
                 return  # the delivery never reached a handler: its lease lapses
-            while not self.killed:
-                meta = messages.DeliveryMeta(
-                    message_id=leased.message_id,
-                    delivery_count=leased.delivery_count + rerun,
-                    attempt=attempt,
-                    invocation_started_at=started_ms,
-                    key=leased.key,
-                    rerun=rerun,
-                    lease_lost=leased.lost,
-                )
-                outcome = await queuerules.call_handler(handler, message, meta)
-                settled = await self._settle(leased, outcome, covered)
-                if settled.status != "rerun":
-                    break
-                if rerun >= constants.MAX_COALESCED_RERUNS:
-                    log.info(
-                        "run %s: %d coalesced re-runs used up; handing off message %s",
-                        message.run_id,
-                        rerun,
-                        leased.message_id,
-                    )
-                    await self._settle(leased, messages.HANDOFF, covered)
-                    break
-                covered = settled.coalesced
-                rerun += 1
+
+            async def settle(outcome: queuerules.Outcome, covered: int) -> Settled:
+                return await self._settle(leased, outcome, covered)
+
+            await queuerules.deliver_with_reruns(
+                handler,
+                message,
+                message_id=leased.message_id,
+                delivery_count=leased.delivery_count,
+                handoffs=leased.handoffs,
+                key=leased.key,
+                lease_lost=leased.lost,
+                settle=settle,
+                stopped=lambda: self.killed,
+            )
         except asyncio.CancelledError:
             # Shutdown cut the delivery off: deliver it again (a killed process settles nothing).
             if not self.killed:
