@@ -51,6 +51,7 @@ KNOWN_FAILING: dict[int, str] = {
     29: BUG1,
     32: BUG1,
     33: BUG1X,
+    36: BUG2,
     38: BUG1,
     39: BUG4,
 }
