@@ -106,6 +106,9 @@ def _check_output(o: RunOutcome, race_ids: set[str]) -> list[Violation]:
     if o.tainted or o.cancelled_by_actor or not rec.is_terminal:
         return []
     out: list[Violation] = []
+    burned = _burned_attempts(o)
+    if burned:
+        return []  # an attempt started without its body (legit after a fault): budgets shift
     status, value = expected(o.program)
     got: Any = serde.decode(rec.output) if rec.status == "completed" else None
     got_err = rec.error.type if rec.error is not None else None
@@ -135,6 +138,30 @@ def _check_output(o: RunOutcome, race_ids: set[str]) -> list[Violation]:
                     )
                 )
     return out
+
+
+def _burned_attempts(o: RunOutcome) -> set[str]:
+    """Steps whose attempts and verdicts shifted (legit after a fault): a logged start
+    whose body never ran with that attempt number, or a body verdict (raised or
+    returned) that never reached the log because its write failed."""
+    ran = {(b.step_id, b.attempt) for b in o.bodies}
+    shifted = {
+        e.correlation_id
+        for e in o.log
+        if isinstance(e.event, events.StepStarted)
+        and e.correlation_id
+        and (e.correlation_id, e.event.attempt) not in ran
+    }
+    verdicts: dict[str, int] = {}
+    for e in o.log:
+        if e.correlation_id and (e.type == "step_retrying" or e.type in events.STEP_OUTCOME_TYPES):
+            verdicts[e.correlation_id] = verdicts.get(e.correlation_id, 0) + 1
+    bodies: dict[str, int] = {}
+    for body in o.bodies:
+        if body.how in ("raised", "returned"):
+            bodies[body.step_id] = bodies.get(body.step_id, 0) + 1
+    shifted |= {sid for sid, n in bodies.items() if n > verdicts.get(sid, 0)}
+    return shifted
 
 
 def _check_bodies(o: RunOutcome, race_ids: set[str]) -> list[Violation]:

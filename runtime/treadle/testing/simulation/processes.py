@@ -91,6 +91,7 @@ class Process:
             return
         self.stalled_until = now + seconds
         self.stalls.append((now, now + seconds))
+        self.sim.ownership_lost.append((now, None))  # its leases lapse: every run it held
         self._unstalled.clear()
         log.info("process %s stalled at %.3f for %.1f s", self.name, now, seconds)
         asyncio.get_running_loop().call_later(seconds, self._resume)

@@ -11,7 +11,7 @@ list of operations the one registered workflow ``sim_program`` interprets::
     {"k": "race_hook", "token": "t2", "n": 0, "sleep": 3.0}
 
 A step body sleeps ``dur`` virtual seconds and fails its first ``fail``
-attempts (``err``: ``retry`` = RetryableError, ``plain`` = ValueError, ``fatal``
+runs (``err``: ``retry`` = RetryableError, ``plain`` = ValueError, ``fatal``
 = FatalError); ``r`` picks the registered step with that ``max_retries`` (0, 1
 or 3). Every body start and end is written to the ``Ledger`` (virtual time,
 process, attempt) for the invariants. ``expected(program)`` is the output a
@@ -245,6 +245,14 @@ def build(app: Workflows, ledger: Ledger, clock_now: Any) -> None:
 
     async def body(op: Op) -> str:
         md = step_metadata()
+        # Fail by how often the body itself ran (not by attempt number: a start whose
+        # write raised after committing burns an attempt without running the body; a
+        # cancelled run never reached its verdict).
+        ran = sum(
+            1
+            for b in ledger.bodies
+            if b.run_id == md.run_id and b.step_id == md.step_id and b.how in ("raised", "returned")
+        )
         entry = BodyRun(
             md.run_id, md.step_id, op["id"], md.attempt, current_process.get(), clock_now()
         )
@@ -252,7 +260,7 @@ def build(app: Workflows, ledger: Ledger, clock_now: Any) -> None:
         try:
             if op["dur"]:
                 await asyncio.sleep(op["dur"])
-            if md.attempt <= op["fail"]:
+            if ran < op["fail"]:
                 entry.how = "raised"
                 if op["err"] == "fatal":
                     raise FatalError(f"{op['id']} fails for good")
