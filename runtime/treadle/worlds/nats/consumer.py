@@ -38,12 +38,13 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Coroutine
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 import nats.errors
 from nats.aio.msg import Msg
 
-from treadle.world import constants, contract, messages
+from treadle.world import contract, messages, queuerules
 from treadle.worlds.nats import deadletters, delivery, leases, names
 from treadle.worlds.nats.delivery import Delivery
 from treadle.worlds.nats.pulling import Puller, Slots
@@ -55,6 +56,17 @@ log = logging.getLogger("treadle.worlds.nats")
 
 ACK_TIMEOUT_SECONDS: Final = 5.0
 _MAX_ACKED_REMEMBERED: Final = 100_000
+
+
+@dataclass(frozen=True, slots=True)
+class _Settled:
+    """What settling a delivery's answer came to (``queuerules.Settlement``)."""
+
+    status: str  # "rerun": messages were coalesced into the delivery; else "done"
+    coalesced: int = 0
+
+
+_DONE = _Settled("done")
 
 
 class NatsConsumer:
@@ -221,44 +233,35 @@ class NatsConsumer:
             await asyncio.sleep(min(max(taken.seconds, 0.0), self._lease / 3) + 0.005)
 
     async def _run(self, d: Delivery) -> None:
+        """The delivery's handler calls and their coalesced re-runs (``queuerules``); an Ack
+        of a gated delivery first finishes its run lease, which may ask for a re-run."""
         handler = self._handlers[d.message.kind]
-        started_ms = int(time.time() * 1000)
-        rerun = covered = 0
-        while True:
-            meta = messages.DeliveryMeta(
-                message_id=d.message_id,
-                delivery_count=d.delivery_count + rerun,
-                attempt=d.attempt,
-                invocation_started_at=started_ms,
-                key=d.key,
-                rerun=rerun,
-                lease_lost=d.lease_lost,
-            )
-            outcome = await delivery.call_handler(handler, d.message, meta)
+
+        async def settle(outcome: queuerules.Outcome, covered: int) -> _Settled:
             if isinstance(outcome, messages.Ack) and d.token is not None and self._alive(d):
                 assert d.gate_key is not None
                 finished = await self._queue.leases.finish(d.gate_key, d.token, covered)
                 if isinstance(finished, leases.Lost):
                     await self._lost(d)
-                    return
+                    return _DONE
                 if isinstance(finished, leases.Rerun):
-                    if rerun < constants.MAX_COALESCED_RERUNS:
-                        covered = finished.coalesced
-                        rerun += 1
-                        continue
-                    log.info(
-                        "run %s: %d coalesced re-runs used up; handing off message %s",
-                        d.message.run_id,
-                        rerun,
-                        d.message_id,
-                    )
-                    outcome = messages.HANDOFF
-                else:
-                    d.token = None  # released
+                    return _Settled("rerun", finished.coalesced)
+                d.token = None  # released
             await self._settle(d, outcome)
-            return
+            return _DONE
 
-    async def _settle(self, d: Delivery, outcome: delivery.Outcome) -> None:
+        await queuerules.deliver_with_reruns(
+            handler,
+            d.message,
+            message_id=d.message_id,
+            delivery_count=d.delivery_count,
+            handoffs=d.handoffs,
+            key=d.key,
+            lease_lost=d.lease_lost,
+            settle=settle,
+        )
+
+    async def _settle(self, d: Delivery, outcome: queuerules.Outcome) -> None:
         if not self._alive(d):
             log.warning(
                 "message %s: the delivery outlived its lease; its answer %s is dropped "
@@ -273,10 +276,10 @@ class NatsConsumer:
                 await self._ack(d)
             case messages.Redeliver(seconds=seconds):
                 await self._let_go(d)
-                await d.msg.nak(delay=delivery.clamp_delay(seconds))
+                await d.msg.nak(delay=queuerules.clamp_redeliver_delay(seconds))
             case messages.Handoff():
                 await self._handoff(d)
-            case delivery.Failed(error=error):
+            case queuerules.Failed(error=error):
                 await self._let_go(d)
                 if d.attempt >= self._queue.tuning.max_failed_deliveries:
                     await self._bury(d, error)

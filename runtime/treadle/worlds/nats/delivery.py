@@ -4,37 +4,26 @@
 message (its JSON payload), the identity and counts its headers carry
 (``names.MESSAGE_ID``, ``KEY``, ``DELIVERY_OFFSET``, ``HANDOFFS``) and
 JetStream's own delivery count, from which ``delivery_count`` and ``attempt``
-follow as the contract defines them. ``call_handler`` runs a handler and turns
-an exception or a stray answer into ``Failed``. Used by ``consumer``.
+follow as the contract defines them. Used by ``consumer``; how a handler is
+called is ``treadle.world.queuerules``, shared by every queue.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 from dataclasses import dataclass, field
 from typing import TypeAlias
 
 from nats.aio.msg import Msg
 
-from treadle.world import constants, contract, messages, routing
+from treadle.world import messages, routing
 from treadle.worlds.nats import names
 
 log = logging.getLogger("treadle.worlds.nats")
 
 Message: TypeAlias = messages.OrchestratorMessage | messages.StepMessage
-
-
-@dataclass(frozen=True, slots=True)
-class Failed:
-    """The handler raised (or answered something that is not a result)."""
-
-    error: str
-
-
-Outcome: TypeAlias = messages.HandlerResult | Failed
 
 
 @dataclass(slots=True)
@@ -87,36 +76,3 @@ def read_delivery(msg: Msg, ns: names.Names) -> Delivery:
         gate_key=ns.lease_key(gate) if gate is not None else None,
         renewed_at=time.monotonic(),
     )
-
-
-async def call_handler(
-    handler: contract.Handler, message: Message, meta: messages.DeliveryMeta
-) -> Outcome:
-    try:
-        result = await handler(message, meta)
-    except asyncio.CancelledError:
-        raise
-    except Exception as exc:
-        log.warning(
-            "run %s: handler for message %s raised %s: %s; redelivering with backoff",
-            message.run_id,
-            meta.message_id,
-            type(exc).__name__,
-            exc,
-            exc_info=log.isEnabledFor(logging.DEBUG),
-        )
-        return Failed(f"{type(exc).__name__}: {exc}")
-    if not isinstance(result, messages.Ack | messages.Redeliver | messages.Handoff):
-        log.error(
-            "run %s: handler answered %r, not Ack, Redeliver or Handoff; redelivering",
-            message.run_id,
-            result,
-        )
-        return Failed(f"handler answered {result!r}")
-    return result
-
-
-def clamp_delay(seconds: float) -> float:
-    if not math.isfinite(seconds):
-        return constants.MAX_REDELIVER_SECONDS
-    return min(max(seconds, 0.0), constants.MAX_REDELIVER_SECONDS)

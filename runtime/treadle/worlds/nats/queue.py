@@ -39,7 +39,7 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 
 from treadle import errors
-from treadle.world import constants, contract, ids, messages, records, routing
+from treadle.world import contract, ids, messages, queuerules, records, routing
 from treadle.worlds.nats import deadletters, jetstream, leases, names
 from treadle.worlds.nats.consumer import NatsConsumer
 
@@ -179,19 +179,7 @@ class NatsQueue:
     def _prepare(self, send: messages.Send) -> _Prepared:
         message, key, delay = send.message, send.key, send.delay_seconds
         run_id = message.run_id
-        if not math.isfinite(delay) or delay < 0:
-            raise errors.WorldContractError(
-                f"run {run_id}: a send's delay must be a finite number of seconds >= 0, "
-                f"got {delay}",
-                run_id=run_id,
-            )
-        if key is not None and not key:
-            raise errors.WorldContractError("an idempotency key must not be empty")
-        payload = message.model_dump_json().encode()
-        if len(payload) > constants.MAX_MESSAGE_BYTES:
-            raise errors.MessageTooLarge(
-                size=len(payload), limit=constants.MAX_MESSAGE_BYTES, run_id=run_id
-            )
+        payload = queuerules.encode_send(send).encode()
         message_id = ids.new_message_id() if key is None else names.keyed_message_id(key)
         target = self.names.subject(message.kind, message.deployment_id, run_id)
         headers = {names.MESSAGE_ID: message_id}
