@@ -25,7 +25,7 @@ import time
 
 import pydantic
 
-from treadle.world import constants, contract, messages, queuerules
+from treadle.world import contract, messages, queuerules
 from treadle.worlds.local import deadletters, queue
 
 log = logging.getLogger("treadle.worlds.local.dispatch")
@@ -136,36 +136,17 @@ class LocalConsumer:
             return
         lease_lost = asyncio.Event()
         heartbeat = asyncio.get_running_loop().create_task(self._heartbeat(leased, lease_lost))
-        started_ms = int(time.time() * 1000)
-        attempt = max(1, leased.delivery_count - leased.handoffs)
-        rerun = 0
-        covered = 0
         try:
-            while True:
-                meta = messages.DeliveryMeta(
-                    message_id=leased.message_id,
-                    delivery_count=leased.delivery_count + rerun,
-                    attempt=attempt,
-                    invocation_started_at=started_ms,
-                    key=leased.key,
-                    rerun=rerun,
-                    lease_lost=lease_lost,
-                )
-                outcome = await _call(handler, message, meta)
-                settled = await self._settle(leased, outcome, covered)
-                if settled.status != "rerun":
-                    break
-                if rerun >= constants.MAX_COALESCED_RERUNS:
-                    log.info(
-                        "run %s: %d coalesced re-runs used up; handing off message %s",
-                        message.run_id,
-                        rerun,
-                        leased.message_id,
-                    )
-                    await self._settle(leased, messages.HANDOFF, covered)
-                    break
-                covered = settled.coalesced
-                rerun += 1
+            await queuerules.deliver_with_reruns(
+                handler,
+                message,
+                message_id=leased.message_id,
+                delivery_count=leased.delivery_count,
+                handoffs=leased.handoffs,
+                key=leased.key,
+                lease_lost=lease_lost,
+                settle=functools.partial(self._settle, leased),
+            )
         except asyncio.CancelledError:
             # Shutdown cut the delivery off: leave the message to be delivered again.
             await self._queue.db.call(functools.partial(queue.abandon, leased=leased))
@@ -237,11 +218,3 @@ class LocalConsumer:
                 )
                 lease_lost.set()
                 return
-
-
-async def _call(
-    handler: contract.Handler,
-    message: messages.OrchestratorMessage | messages.StepMessage,
-    meta: messages.DeliveryMeta,
-) -> queue.Outcome:
-    return await queuerules.call_handler(handler, message, meta)
