@@ -168,6 +168,10 @@ class OrchestratorDelivery:
         if self.meta.delivery_count > 1 or self.message.recovery:
             await self._resend_steps()
         if self._nothing_new():
+            if self.meta.delivery_count > 1:
+                # A coalesced re-run may hold an early final timer: re-arm near-due waits,
+                # or that wait would never complete (seed 003 "Near due (C2)"; audit C6).
+                await self.waits.arm_near_due()
             return messages.ACK
         self.session.start_replay(workflow)
         if not state.started:
