@@ -446,10 +446,12 @@ class OrchestratorDelivery:
         False when the write's outcome was unknown and the delivery reloaded in place
         (``_reload_after_unknown_outcome``): the batch's later chunks are not written.
         """
+        assert self.session.writer is not None
+        against = self.session.writer.known  # the slot the write is made against
         try:
             committed, refused = await self.session.write_batch(batch)
         except Exception as exc:
-            found = await self._reload_after_unknown_outcome(exc, batch)
+            found = await self._reload_after_unknown_outcome(exc, batch, against)
             if found is None:
                 raise
             committed, refused = found, []
@@ -479,7 +481,7 @@ class OrchestratorDelivery:
         return not reloaded
 
     async def _reload_after_unknown_outcome(
-        self, exc: Exception, batch: list[events.Event]
+        self, exc: Exception, batch: list[events.Event], against: int
     ) -> list[events.LoggedEvent] | None:
         """After a creation batch's unknown outcome: a fresh load, in place; the batch's
         events it finds committed, or None to let the error fail the delivery.
@@ -489,16 +491,17 @@ class OrchestratorDelivery:
         retries the delivery from a fresh load. A redelivery cannot start the bodies of
         the inline starts that batch committed: it finds a ``max_retries=0`` step started
         once with no outcome and fails it as exhausted, its body never run (simulation
-        seeds 8, 216, 232: "a step is never failed as exhausted unless its body ran").
-        So the delivery, while it still holds its lease, does the fresh load itself: a
-        new writer from the load's snapshot and a fresh replay, exactly what the
-        redelivery would hold, so no decision made against the old state is written.
-        The batch's events found committed above the slot the write was made against
-        are its own (it held the fence count, so no other in-band writer wrote there):
-        the caller starts their inline bodies and sends their step messages as if the
-        write had answered, and the next pass decides from the fresh log. A fence
+        seeds 216, 232: "a step is never failed as exhausted unless its body ran"). So
+        the delivery, while it still holds its lease, does the fresh load itself (each
+        load tried ``_LOAD_ATTEMPTS`` times): a new writer from the load's snapshot and
+        a fresh replay, what the redelivery would hold, so no decision made against the
+        old state is written. The batch's events found committed above the slot the
+        write was made against (``against``; the live feed may have brought them
+        already) are its own (it held the fence count, so no other in-band writer wrote
+        there): the caller starts their inline bodies and sends their step messages as
+        if the write had answered, and the next pass decides from the fresh log. A fence
         refusal, a lost lease, a business refusal, too many reloads, or a failed load
-        leave the original error to fail the delivery, as before.
+        leave the original error to fail the delivery, as before (bodies settle first).
         """
         writer = self.session.writer
         if (
@@ -509,7 +512,6 @@ class OrchestratorDelivery:
         ):
             return None
         self._reloads += 1
-        known = writer.known
         log.warning(
             "run %s: a creation batch's write had an unknown outcome (%s); reloading in place",
             self.run_id,
@@ -528,7 +530,7 @@ class OrchestratorDelivery:
         return [
             logged
             for logged in self.session.loaded
-            if logged.slot > known
+            if logged.slot > against
             and logged.in_band
             and (logged.event.type, logged.event.correlation_id) in wanted
         ]
