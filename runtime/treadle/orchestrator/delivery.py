@@ -499,14 +499,16 @@ class OrchestratorDelivery:
         write was made against (``against``; the live feed may have brought them
         already) are its own (it held the fence count, so no other in-band writer wrote
         there): the caller starts their inline bodies and sends their step messages as
-        if the write had answered, and the next pass decides from the fresh log. A fence
-        refusal, a lost lease, a business refusal, too many reloads, or a failed load
-        leave the original error to fail the delivery, as before (bodies settle first).
+        if the write had answered, and the next pass decides from the fresh log. A batch
+        with no inline start, a fence refusal, a lost lease, a business refusal, too
+        many reloads, or a failed load leave the original error to fail the delivery, as
+        the seed has it (its bodies settle first; the redelivery reloads and re-sends).
         """
         writer = self.session.writer
         if (
             writer is None
             or writer.failure is not exc
+            or not any(isinstance(e, events.StepStarted) and e.inline for e in batch)
             or self.meta.lost_lease()
             or self._reloads >= _MAX_RELOADS
         ):
