@@ -3,7 +3,8 @@
 It wraps a real World (local, or Postgres + NATS) and forwards everything,
 except where a test arms a fault: refuse in-band writes with
 ``InBandSuperseded``, fail writes with ``StorageUnavailable`` (a non-fence
-error), or fail queue sends with a ``ConnectionError``, for the next ``times``
+error), commit a write and then raise (``fail_after_writes``: an unknown
+outcome), or fail queue sends with a ``ConnectionError``, for the next ``times``
 calls that match. It records every send, every delivery's start and every
 handler answer, so a test can count timers and assert Redeliver / Handoff; a
 test can hold a delivery at its start (``hold_deliveries``) until an
@@ -95,6 +96,7 @@ class FaultyEvents:
         self._inner = inner
         self.refusals: list[Fault] = []
         self.failures: list[Fault] = []
+        self.failures_after: list[Fault] = []
         self.trace: list[Traced] = [] if trace is None else trace
         # Every write that reached this wrapper: (first event's type, the keyword arguments).
         self.calls: list[tuple[str, dict[str, Any]]] = []
@@ -108,6 +110,17 @@ class FaultyEvents:
         """Fail the next ``times`` writes whose (first) event matches with StorageUnavailable
         (a non-fence error: the World committed nothing)."""
         self.failures.append(Fault(when, times))
+
+    def fail_after_writes(self, times: int = 1, when: Callable[..., bool] = lambda e: True) -> None:
+        """Commit the next ``times`` writes whose (first) event matches, then raise
+        StorageUnavailable: an unknown outcome (seed 003), the write is in the log."""
+        self.failures_after.append(Fault(when, times))
+
+    def _failed_after(self, event: events.Event) -> None:
+        if any(f.hit(event) for f in self.failures_after):
+            raise errors.StorageUnavailable(
+                f"injected: the write of {event.type} committed, then its answer was lost"
+            )
 
     def refuse_in_band(self, times: int = 1, when: Callable[..., bool] = lambda e: True) -> None:
         """Refuse the next ``times`` in-band writes whose (first) event matches; -1 = always."""
@@ -129,6 +142,7 @@ class FaultyEvents:
         self.calls[-1][1].update(kw)
         result = await self._inner.create(run_id, event, **kw)
         self._traced([result.event])
+        self._failed_after(event)
         return result
 
     async def create_batch(
@@ -138,6 +152,7 @@ class FaultyEvents:
         self.calls[-1][1].update(kw)
         result = await self._inner.create_batch(run_id, batch, **kw)
         self._traced([i.event for i in result.items if i.event is not None])
+        self._failed_after(batch[0])
         return result
 
     def __getattr__(self, name: str) -> Any:

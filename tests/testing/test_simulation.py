@@ -57,6 +57,35 @@ KNOWN_FAILING: dict[int, str] = {
 }
 
 
+UNKNOWN_START = (
+    "an inline start committed by a creation batch whose write raised after committing is "
+    "never run; the redelivery fails its max_retries=0 step as exhausted"
+)
+UNKNOWN_START_RELOAD = UNKNOWN_START + " (and the in-place reload's own load fails once)"
+UNKNOWN_BG_START = (
+    "a background step's start write raises after committing; the redelivery fails the "
+    "max_retries=0 step as exhausted, its body never run"
+)
+LOST_OUTCOME = (
+    "a background step's last attempt returns, its outcome write fails once, and the "
+    "redelivery fails the step as StepAttemptsExhausted"
+)
+
+# Seeds found by soaks under their own fault plans, fixed since; each replays under its
+# plan (in the CLI's fresh interpreter, fixed hash seed) and must hold every invariant.
+PINNED: list[tuple[int, str, str]] = [
+    (8, "duplicate=0.005,fail_after=0.01,queue_error=0.005,budget=20", UNKNOWN_BG_START),
+    (
+        216,
+        "duplicate=0.01,fail_after=0.02,kill=0.008,lost_wake=0.004,queue_error=0.005,"
+        "storage_error=0.02,budget=20",
+        UNKNOWN_START_RELOAD,
+    ),
+    (232, "fail_after=0.01,feed_drop=0.0025,fence=0.003,queue_error=0.02,budget=12", UNKNOWN_START),
+    (320, "feed_drop=0.0025,fence=0.012,storage_error=0.02,budget=4", LOST_OUTCOME),
+]
+
+
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     """The simulation's CLI in a fresh interpreter (it fixes PYTHONHASHSEED itself)."""
     return subprocess.run(
@@ -90,6 +119,21 @@ def test_seed_holds_every_invariant(seed: int, ci_results: dict[int, dict[str, A
     """Every invariant holds for this seed (faults drawn from the seed)."""
     got = ci_results[seed]
     assert got["ok"], "\n".join([*got["violations"], got["replay"]])
+
+
+@pytest.mark.parametrize(
+    ("seed", "plan"),
+    [pytest.param(seed, plan, id=f"{seed}: {bug}") for seed, plan, bug in PINNED],
+)
+def test_pinned_seed_holds_every_invariant_under_its_plan(seed: int, plan: str) -> None:
+    """A seed that once showed the bug in its id holds every invariant under its plan."""
+    done = _cli("--seed", str(seed), "--plan", plan)
+    assert done.returncode == 0, (
+        "\n".join(
+            line for line in done.stdout.splitlines() if line.startswith(("VIOLATION", "replay"))
+        )
+        or done.stderr[-2000:]
+    )
 
 
 def test_a_seed_replays_exactly_in_another_process() -> None:

@@ -11,6 +11,7 @@ for the same message again to retry in place.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import traceback
 from dataclasses import dataclass
@@ -25,6 +26,10 @@ from treadle.sdk import context, functions
 from treadle.world import constants, events, messages
 
 log = logging.getLogger("treadle.orchestrator.steps")
+
+# Tries of a background step's outcome write on a storage error, and the first backoff.
+WRITE_ATTEMPTS = 3
+WRITE_RETRY_SECONDS = 0.1
 
 NO_ACTIVITY_BEFORE_CAP = timedelta(milliseconds=constants.QUEUE_MIN_STEP_REDELIVERY_SPAN_MS)
 
@@ -171,10 +176,31 @@ async def _write_outcome(
     rt: Runtime, message: messages.StepMessage, attempt: int, outcome: Outcome
 ) -> None:
     """The attempt's outcome, out-of-band. The World refuses a second outcome
-    (StepAlreadyEnded): another delivery's attempt won, and its outcome stands."""
+    (StepAlreadyEnded): another delivery's attempt won, and its outcome stands.
+
+    A storage error is retried (``WRITE_ATTEMPTS`` in all, backing off): the body ran,
+    and a redelivery would find the attempt started with no outcome and re-run it, or,
+    on the last attempt, fail the step as exhausted though its body returned
+    (simulation seed 320). A retry after an unknown outcome that had committed is
+    refused as StepAlreadyEnded, which is the first write's outcome standing."""
     event = outcome_event(message.step_id, message.step_name, attempt, outcome)
     try:
-        await rt.world.events.create(message.run_id, event, in_band=False)
+        for tries in range(1, WRITE_ATTEMPTS + 1):
+            try:
+                await rt.world.events.create(message.run_id, event, in_band=False)
+                return
+            except errors.StorageUnavailable as exc:
+                if tries == WRITE_ATTEMPTS:
+                    raise
+                log.warning(
+                    "run %s: writing step %s attempt %d's %s failed (%s); trying again",
+                    message.run_id,
+                    message.step_name,
+                    attempt,
+                    event.type,
+                    exc,
+                )
+                await asyncio.sleep(WRITE_RETRY_SECONDS * 2 ** (tries - 1))
     except errors.StepAlreadyEnded as exc:
         log.info(
             "run %s: step %s attempt %d finished after the step's outcome at slot %d; "
@@ -185,6 +211,43 @@ async def _write_outcome(
             exc.outcome_slot,
             event.type,
         )
+
+
+async def _write_start(
+    rt: Runtime, message: messages.StepMessage, start: events.StepStarted
+) -> bool:
+    """The attempt's ``step_started``, out-of-band; False when the run or step ended.
+
+    A storage error may have come after the start committed (seed 003 "Unknown
+    outcome"). The redelivery would then find the attempt started with no outcome: a
+    ``max_retries=0`` step is failed as exhausted, its body never run (simulation seed
+    8). So the handler reads the step's log: a start of this attempt found there is its
+    own (the message's delivery is the step's owner), and its body runs; none found,
+    the error stands and the queue redelivers the message, which starts it afresh.
+    """
+    try:
+        await rt.world.events.create(message.run_id, start, in_band=False)
+        return True
+    except errors.StorageUnavailable as exc:
+        try:
+            state = await _read_step_log(rt, message.run_id, message.step_id)
+        except errors.StorageUnavailable:
+            raise exc from None
+        if state.run_terminal:
+            return False  # the run ended: no body, no wake
+        if state.outcome:
+            await _wake(rt, message)
+            return False
+        if state.starts < start.attempt:
+            raise
+        log.warning(
+            "run %s: step %s attempt %d's start had an unknown outcome and is in the log; "
+            "running its body",
+            message.run_id,
+            message.step_name,
+            start.attempt,
+        )
+        return True
 
 
 async def handle_step_message(
@@ -266,7 +329,8 @@ async def _handle_step_message(
         correlation_id=message.step_id, step_name=message.step_name, attempt=attempt
     )
     try:
-        await rt.world.events.create(message.run_id, start, in_band=False)
+        if not await _write_start(rt, message, start):
+            return messages.ACK  # the run or step ended meanwhile
     except errors.RunExpired:
         return messages.ACK
     except errors.StepAlreadyEnded:
