@@ -96,16 +96,25 @@ class Run:
         """Ask the orchestrator to end the run's sleeps now; returns how many were asked.
 
         The request is recorded in the log before the wake is sent, so it is not lost
-        when the wake is coalesced into a running delivery.
+        when the wake is coalesced into a running delivery. On a run that has ended
+        it records and sends nothing and returns 0 (no error): the World refuses a
+        ``wake_requested`` on a terminal run (``RunExpired``), also when the run ends
+        between the read here and the write.
         """
         world = await self.app.world()
         run = compat.require_known_format(await world.runs.get(self.run_id))
+        if run.is_terminal:
+            return 0
         page_events = await self.events()
         open_waits = {e.correlation_id for e in page_events if e.type == "wait_created"} - {
             e.correlation_id for e in page_events if e.type == "wait_completed"
         }
         asked = open_waits if waits is None else open_waits & set(waits)
-        await world.events.create(self.run_id, events.WakeRequested(waits=waits), in_band=False)
+        try:
+            await world.events.create(self.run_id, events.WakeRequested(waits=waits), in_band=False)
+        except errors.RunExpired:
+            log.info("run %s: ended before its wake_up was recorded", self.run_id)
+            return 0
         await world.queue.send(_wake(run))
         return len(asked)
 

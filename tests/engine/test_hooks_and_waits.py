@@ -8,7 +8,8 @@ import time
 import pytest
 
 from treadle import Hook, HookConflictError, create_hook, sleep
-from treadle.errors import HookNotFound
+from treadle.errors import HookNotFound, RunExpired
+from treadle.world import events
 
 from .conftest import MakeApp
 
@@ -177,3 +178,33 @@ async def test_wake_up_ends_a_sleep_at_once(make_app: MakeApp) -> None:
     del world
     assert await run.wake_up() == 1
     assert await run.result(timeout=10) == "woke early"
+
+
+async def test_wake_up_of_an_ended_run_returns_zero_and_records_nothing(
+    make_app: MakeApp,
+) -> None:
+    """A wake_up() after the run ended is 0, no error, and adds nothing after the end.
+
+    Simulation seeds 215, 336, 338: a wake_requested landed after run_completed
+    (logcheck: only outcomes, completions, disposals and attributes may follow it).
+    The World refuses it as RunExpired (events.REFUSED_ON_TERMINAL_RUN).
+    """
+    app = make_app()
+
+    @app.workflow
+    async def flow() -> str:
+        await sleep(0.05)
+        return "done"
+
+    run = await app.start(flow)
+    assert await run.result(timeout=10) == "done"
+    before = await run.events()
+    assert before[-1].type == "run_completed"
+    assert await run.wake_up() == 0
+    assert await run.wake_up(waits=["anything"]) == 0
+    after = await run.events()
+    assert [e.slot for e in after] == [e.slot for e in before]
+    world = await app.world()
+    with pytest.raises(RunExpired):
+        await world.events.create(run.run_id, events.WakeRequested(), in_band=False)
+    assert (await world.runs.get(run.run_id)).seq == before[-1].slot

@@ -253,7 +253,9 @@ async def test_a_hung_tail_read_releases_the_run_and_the_next_delivery_completes
 
     Timeline: the first delivery arms a 0.2 s sleep and reads the log tail; that read and
     its two retries hang (100 + 200 + 400 ms). The delivery ends with ReadTimedOut, every
-    hung read cancelled; a redelivery drives the run to completion."""
+    hung read cancelled; the message's redelivery drives the run to completion. That
+    delivery's answer is recorded when its handler returns, after its run_completed is
+    in the log, so the test waits for the answer instead of reading it as the run ends."""
     hanging = HangingEvents(faulty.events)
     faulty.events = hanging  # type: ignore[assignment]
     app = make_app(world=faulty, WORKFLOW_ORCHESTRATOR_READ_TIMEOUT_MS=100)
@@ -272,8 +274,17 @@ async def test_a_hung_tail_read_releases_the_run_and_the_next_delivery_completes
     assert isinstance(first.error, ReadTimedOut)
     assert first.error.attempts == 3 and first.error.waited_ms == 700
     assert first.meta.delivery_count == 1
-    later = [a for a in answers[1:] if a.meta.message_id == first.meta.message_id]
-    assert later and later[0].meta.delivery_count == 2 and later[0].error is None
+
+    def redelivered() -> list[Answer]:
+        return [
+            a
+            for a in faulty.queue.orchestrator_answers()[1:]
+            if a.meta.message_id == first.meta.message_id
+        ]
+
+    await faulty.queue.until(lambda: bool(redelivered()))
+    again = redelivered()[0]
+    assert again.meta.delivery_count == 2 and again.error is None
     assert [e.type for e in await run.events()].count("run_completed") == 1
 
 

@@ -1,10 +1,9 @@
 """The deterministic simulation (DESIGN.md section 10; issue 10, Deliver item 1).
 
 A fixed seed set runs the real orchestrator on the memory World under seeded
-faults and must hold every invariant; seeds that show a known engine bug on
-this branch are listed in ``KNOWN_FAILING`` with the bug (see
-``found_seeds.md``): once the fixes merge, the integrator empties that dict and
-every seed of ``CI_SEEDS`` must pass. The other tests keep the simulation
+faults and must hold every invariant (``KNOWN_FAILING`` would list a seed
+showing a known, unfixed bug; it is empty). ``PINNED`` replays seeds that once
+found a bug, each under the fault plan it failed with. The other tests keep the simulation
 honest: one seed replays to the same trace, planted defects in known-correct
 orchestrator rules are reported with their seed, a held loop is a violation,
 virtual time costs no real time, and shrinking keeps the failure.
@@ -26,35 +25,15 @@ from treadle.orchestrator import decisions
 from treadle.sdk import functions
 from treadle.testing.simulation import Config, FaultPlan, Shape, loop, shrink, simulate
 
-CI_SEEDS = list(range(40))
+CI_SEEDS = list(range(200))
 
-BUG1 = "bug 1 / F1: an inline step's retry is re-run inline while its background attempt runs"
-BUG1X = "bug 1 / F1: a step failed as StepAttemptsExhausted while its attempt still ran"
-BUG2 = "bug 2: a storage error cancels a running inline body"
-BUG4 = "bug 4: the orchestrator spins synchronously (no free inline slot); the loop is held"
-
-# seed -> the known bug it shows on this branch (engine-audit.md sections 5 and 6);
-# the first violation's bug, see found_seeds.md. Empty it once the fixes merge.
-KNOWN_FAILING: dict[int, str] = {
-    1: BUG1,
-    2: BUG1,
-    5: BUG1,
-    14: BUG1X,
-    15: BUG1,
-    17: BUG1,
-    19: BUG4,
-    20: BUG4,
-    22: BUG4,
-    23: BUG4,
-    26: BUG1,
-    27: BUG4,
-    29: BUG1,
-    32: BUG1,
-    33: BUG1X,
-    36: BUG2,
-    38: BUG1,
-    39: BUG4,
-}
+# What each bug fixed this session looked like in the simulation, and the seeds that
+# found it (0-199 all pass now; reverting a fix makes these fail again): bug 1 seeds 1, 5,
+# 14, 17 (overlap, false StepAttemptsExhausted), bug 2 seeds 22, 36 (cancelled_body), bug 3
+# seed 22 (exhausted_unrun), bug 4 seed 39 (loop_held), bug 6 seed 0 (HookConflictError),
+# F2 seed 18 (a second outcome); see found_seeds.md.
+# seed -> a known bug it shows (empty: every seed of CI_SEEDS must pass).
+KNOWN_FAILING: dict[int, str] = {}
 
 
 UNKNOWN_START = (
@@ -73,6 +52,14 @@ LOST_OUTCOME = (
 
 # Seeds found by soaks under their own fault plans, fixed since; each replays under its
 # plan (in the CLI's fresh interpreter, fixed hash seed) and must hold every invariant.
+OWN_HOOK_CONFLICT = (
+    "expectation: a wake_up ends a race_hook's sleep, its hook stays open, and the next"
+    " hook on that token conflicts with the run's own hook (seed 003 Hook conflicts)"
+)
+WAKE_AFTER_END = "World: a wake_up after the run ended wrote wake_requested after run_completed"
+LEASE_LOST = "F3: a delivery that knows it lost its lease must stop writing and starting bodies"
+BUG2_PLAN = "bug 2: a transient error cancels two running inline bodies"
+
 PINNED: list[tuple[int, str, str]] = [
     (8, "duplicate=0.005,fail_after=0.01,queue_error=0.005,budget=20", UNKNOWN_BG_START),
     (
@@ -83,6 +70,30 @@ PINNED: list[tuple[int, str, str]] = [
     ),
     (232, "fail_after=0.01,feed_drop=0.0025,fence=0.003,queue_error=0.02,budget=12", UNKNOWN_START),
     (320, "feed_drop=0.0025,fence=0.012,storage_error=0.02,budget=4", LOST_OUTCOME),
+    (113, "lost_wake=0.004,queue_error=0.02,storage_error=0.01,budget=20", OWN_HOOK_CONFLICT),
+    (197, "fence=0.006,kill=0.004,budget=20", OWN_HOOK_CONFLICT),
+    (215, "lost_wake=0.004,stall=0.003,budget=20", WAKE_AFTER_END),
+    (336, "feed_drop=0.01,lost_wake=0.008,stall=0.003,budget=4", WAKE_AFTER_END),
+    (338, "feed_drop=0.0025,kill=0.004,lost_wake=0.008,queue_error=0.02,budget=8", WAKE_AFTER_END),
+    # Found by reverting a fix on a scratch branch and soaking seeds 0-999 (closing note).
+    (
+        740,
+        "duplicate=0.02,fail_after=0.02,fence=0.006,lost_wake=0.004,queue_error=0.01,"
+        "stall=0.006,storage_error=0.02,budget=12",
+        LEASE_LOST,
+    ),
+    (
+        826,
+        "duplicate=0.02,fail_after=0.01,fence=0.012,kill=0.008,queue_error=0.005,"
+        "storage_error=0.01,budget=4",
+        LEASE_LOST,
+    ),
+    (
+        63,
+        "fail_after=0.005,feed_drop=0.0025,kill=0.008,lost_wake=0.002,queue_error=0.02,"
+        "stall=0.003,storage_error=0.02,budget=20",
+        BUG2_PLAN,
+    ),
 ]
 
 

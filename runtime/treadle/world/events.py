@@ -235,7 +235,8 @@ STEP_TYPES: frozenset[str] = frozenset(
     {"step_created", "step_started", "step_retrying", "step_completed", "step_failed"}
 )
 WAIT_TYPES: frozenset[str] = frozenset({"wait_created", "wait_completed"})
-# Refused on a terminal run (RunExpired): what would start new work or a new decision.
+# Refused on a terminal run (RunExpired): what would start new work or a new decision,
+# and a wake_requested (an ended run has no sleep left to end; client ``wake_up``).
 # (A hook_received is not here: the run's end freed its hooks, so it is HookNotFound.)
 REFUSED_ON_TERMINAL_RUN: frozenset[str] = frozenset(
     {
@@ -248,6 +249,7 @@ REFUSED_ON_TERMINAL_RUN: frozenset[str] = frozenset(
         "step_retrying",
         "wait_created",
         "hook_created",
+        "wake_requested",
     }
 )
 # What a create_batch may carry: step and wait events only.

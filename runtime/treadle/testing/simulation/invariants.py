@@ -8,7 +8,9 @@ and returns ``Violation`` objects, each naming its kind:
   one outcome per step, one completion per wait, the fence's arithmetic);
 - ``never_ended``: the run is not terminal by the virtual-time bound;
 - ``output``: output (or error type) differs from the program's fault-free
-  result (``workload.expected``), or a step's outcome differs from its expected;
+  result (``workload.expected``), or a step's outcome differs from its expected
+  (a run failed on a conflict with its own hook left open by a woken
+  ``race_hook`` is expected, ``workload.may_conflict_with_own_hook``);
 - ``overlap``: a step body ran concurrently with itself;
 - ``at_most_once``: a ``max_retries=0`` body started twice under one live owner;
 - ``exhausted_unrun``: a step failed as exhausted while an attempt still ran or
@@ -31,7 +33,13 @@ from typing import Any
 from treadle import serde
 from treadle.sdk import functions
 from treadle.testing.simulation.loop import EPOCH
-from treadle.testing.simulation.workload import BodyRun, Program, expected, outcomes_expected
+from treadle.testing.simulation.workload import (
+    BodyRun,
+    Program,
+    expected,
+    may_conflict_with_own_hook,
+    outcomes_expected,
+)
 from treadle.world import events, logcheck, records
 
 
@@ -100,6 +108,21 @@ def check(o: RunOutcome) -> list[Violation]:
     return out
 
 
+def _conflicted_with_own_open_hook(o: RunOutcome) -> bool:
+    """The run failed on a ``hook_conflict`` with its own hook, as its program allows."""
+    rec = o.record
+    if rec is None or rec.status != "failed" or rec.error is None:
+        return False
+    return (
+        rec.error.type == "HookConflictError"
+        and may_conflict_with_own_hook(o.program)
+        and any(
+            isinstance(e.event, events.HookConflict) and e.event.holder_run_id == o.run_id
+            for e in o.log
+        )
+    )
+
+
 def _check_output(o: RunOutcome, race_ids: set[str]) -> list[Violation]:
     rec = o.record
     assert rec is not None
@@ -109,6 +132,8 @@ def _check_output(o: RunOutcome, race_ids: set[str]) -> list[Violation]:
     burned = _burned_attempts(o)
     if burned:
         return []  # an attempt started without its body (legit after a fault): budgets shift
+    if _conflicted_with_own_open_hook(o):
+        return []  # a woken race_hook left its hook open (workload.may_conflict_with_own_hook)
     status, value = expected(o.program)
     got: Any = serde.decode(rec.output) if rec.status == "completed" else None
     got_err = rec.error.type if rec.error is not None else None

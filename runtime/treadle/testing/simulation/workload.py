@@ -219,6 +219,28 @@ def expected(program: Program) -> tuple[str, Any]:
     return "completed", out
 
 
+def may_conflict_with_own_hook(program: Program) -> bool:
+    """True when the run may fail with its own ``HookConflictError`` without any fault.
+
+    A ``race_hook`` leaves its hook open when the sleep wins (the program never
+    disposes it), and an open hook holds its token until its payload is recorded or
+    the run ends (seed 003 "Hook conflicts", "Terminal hook disposal": only the
+    drain's disposal keeps a later same-token registration from conflicting with
+    the run's own hook). Its 9000 s sleep wins only when a ``wake_up`` ends it
+    before the payload lands; a later hook on the same token then conflicts with
+    the run's own open hook, which is the engine keeping the rule, not a bug.
+    """
+    if not any(a.kind == "wake_up" for a in program.actors):
+        return False
+    raced: set[str] = set()
+    for op in program.ops:
+        if op["k"] in ("hook", "race_hook") and op["token"] in raced:
+            return True
+        if op["k"] == "race_hook":
+            raced.add(op["token"])
+    return False
+
+
 def outcomes_expected(program: Program) -> dict[str, str]:
     """Op id -> "completed" / "failed" of every step that is not part of a race."""
     found: dict[str, str] = {}

@@ -378,7 +378,11 @@ class StorageConformance:
     async def test_terminal_run_refuses_new_work_and_accepts_outcomes(
         self, harness: WorldHarness, ending: str
     ) -> None:
-        """A terminal run refuses REFUSED_ON_TERMINAL_RUN with RunExpired and takes outcomes."""
+        """A terminal run refuses REFUSED_ON_TERMINAL_RUN with RunExpired and takes outcomes.
+
+        A ``wake_requested`` is among them (a ``wake_up`` after the run ended): the
+        log keeps only outcomes, completions, disposals and attributes after the end.
+        """
         async with opened(harness) as world:
             run_id = await started_run(world)
             await in_band(world, run_id, step_created("s1"))
@@ -399,6 +403,7 @@ class StorageConformance:
                 events.StepRetrying(correlation_id="s1", step_name="fetch", attempt=1, error=BOOM),
                 wait_created("w9"),
                 hook_created("hook_9", unique("token")),
+                events.WakeRequested(),
             ]
             assert {e.type for e in refused} == events.REFUSED_ON_TERMINAL_RUN
             for event in refused:
