@@ -210,7 +210,9 @@ async def test_a_new_waits_creator_coalesced_away_still_completes_its_wait(
     complete w1. It completes at its time, not before."""
     world = FaultyWorld(await open_world(SLOW_BACKOFF))
     app = make_app(world=world)
-    nap = 6.0  # past the 5 s near-due window: no delivery re-arms it
+    # Past the 5 s near-due window even when the holder re-runs (about 1.5 s in), so no
+    # delivery but the creator arms it (a re-run with nothing new re-arms near-due waits).
+    nap = 9.0
 
     @app.workflow
     async def flow() -> str:
