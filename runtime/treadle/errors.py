@@ -27,6 +27,7 @@ its message names them too::
         ├── RunExpired                the run is terminal; the write is refused
         ├── RunNotSupported           the run's format (spec version) is unknown here; no write
         ├── StepAlreadyEnded          a step_started or a second outcome for a step that has one
+        ├── StaleStepStart            a step_started whose attempt is not past the latest started
         ├── WaitAlreadyCompleted      a second wait_completed for one wait
         ├── StepNotFound              no step with that id in the run
         ├── HookNotFound              no live hook with that token
@@ -259,6 +260,25 @@ class StepAlreadyEnded(WorldError):
         self.step_id = step_id
         self.outcome_slot = outcome_slot
         self.event_type = event_type
+
+
+class StaleStepStart(WorldError):
+    """A ``step_started`` whose attempt is not greater than the step's latest started attempt.
+
+    Nothing was allocated or written: a later delivery already started attempt
+    ``latest_attempt`` (this writer's delivery stalled past its lease), so that delivery
+    owns the step now and this one must run no body and write nothing more.
+    """
+
+    def __init__(self, run_id: str, *, step_id: str, attempt: int, latest_attempt: int) -> None:
+        super().__init__(
+            f"run {run_id}: step {step_id} already started attempt {latest_attempt}; "
+            f"a step_started of attempt {attempt} is stale and refused",
+            run_id=run_id,
+        )
+        self.step_id = step_id
+        self.attempt = attempt
+        self.latest_attempt = latest_attempt
 
 
 class WaitAlreadyCompleted(WorldError):

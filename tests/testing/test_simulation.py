@@ -59,6 +59,10 @@ OWN_HOOK_CONFLICT = (
 WAKE_AFTER_END = "World: a wake_up after the run ended wrote wake_requested after run_completed"
 LEASE_LOST = "F3: a delivery that knows it lost its lease must stop writing and starting bodies"
 BUG2_PLAN = "bug 2: a transient error cancels two running inline bodies"
+STALE_START = (
+    "World: a plain delivery's step_started stalls past its lease, lands after its "
+    "redeliveries started attempts 1 and 2, and runs its body (attempt 1 after 2)"
+)
 
 PINNED: list[tuple[int, str, str]] = [
     (8, "duplicate=0.005,fail_after=0.01,queue_error=0.005,budget=20", UNKNOWN_BG_START),
@@ -93,6 +97,11 @@ PINNED: list[tuple[int, str, str]] = [
         "fail_after=0.005,feed_drop=0.0025,kill=0.008,lost_wake=0.002,queue_error=0.02,"
         "stall=0.003,storage_error=0.02,budget=20",
         BUG2_PLAN,
+    ),
+    (
+        522,
+        "fail_after=0.005,fence=0.012,queue_error=0.005,stall=0.006,storage_error=0.02,budget=12",
+        STALE_START,
     ),
 ]
 

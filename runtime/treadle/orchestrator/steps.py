@@ -4,7 +4,8 @@
 what happened into an outcome: completed, retry (with its delay) or failed.
 ``handle_step_message`` is the handler of a background step's one message
 (seed 003 "One delivery of a step message"): it reads the log on any
-delivery but a plain first one, writes ``step_started`` out-of-band, runs the
+delivery but a plain first one, writes ``step_started`` out-of-band (a stale
+start, refused as ``StaleStepStart``, or a lease lost meanwhile, runs no body), runs the
 body, writes the outcome, wakes the orchestrator, and acknowledges, or asks
 for the same message again to retry in place.
 """
@@ -224,6 +225,10 @@ async def _write_start(
     8). So the handler reads the step's log: a start of this attempt found there is its
     own (the message's delivery is the step's owner), and its body runs; none found,
     the error stands and the queue redelivers the message, which starts it afresh.
+
+    A start whose attempt is not past the step's latest started one is refused as
+    ``StaleStepStart`` (allocating nothing) and raised to the caller: a later delivery
+    owns the step (simulation seed 522).
     """
     try:
         await rt.world.events.create(message.run_id, start, in_band=False)
@@ -240,6 +245,14 @@ async def _write_start(
             return False
         if state.starts < start.attempt:
             raise
+        if state.starts > start.attempt:
+            # Later attempts are in the log: whatever became of this start, it is stale.
+            raise errors.StaleStepStart(
+                message.run_id,
+                step_id=message.step_id,
+                attempt=start.attempt,
+                latest_attempt=state.starts,
+            ) from exc
         log.warning(
             "run %s: step %s attempt %d's start had an unknown outcome and is in the log; "
             "running its body",
@@ -335,6 +348,28 @@ async def _handle_step_message(
         return messages.ACK
     except errors.StepAlreadyEnded:
         await _wake(rt, message)
+        return messages.ACK
+    except errors.StaleStepStart as exc:
+        # This delivery stalled in its start past its lease and a redelivery started
+        # attempt ``latest_attempt``: that delivery owns the step now (seed 522).
+        log.info(
+            "run %s: step %s attempt %d's start is stale (attempt %d started); running no body",
+            message.run_id,
+            message.step_name,
+            attempt,
+            exc.latest_attempt,
+        )
+        return messages.ACK
+    if meta.lost_lease() and max_retries != 0:
+        # The lease lapsed during the start: a redelivery re-runs the step, and this body
+        # could overlap it. A max_retries=0 step still runs, as an inline one does
+        # (``InlineSteps.start_committed``): no other owner ever runs its body.
+        log.info(
+            "run %s: step %s attempt %d lost its lease while starting; running no body",
+            message.run_id,
+            message.step_name,
+            attempt,
+        )
         return messages.ACK
     outcome = await execute(
         rt,

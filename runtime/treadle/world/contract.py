@@ -14,8 +14,8 @@ Storage rules (DESIGN.md 3.1, seed 003 "Implementing spec 9 in a World"):
 - The skipped-slot report of an in-band write is every event at slots
   ``event_count + 1 .. own_slot - 1`` (``has_more`` when cut short).
 - An in-band write's ``occurred_at`` is stored as the event's ``created_at``.
-- Refusals (``RunExpired``, ``StepAlreadyEnded``, ``WaitAlreadyCompleted``,
-  ``HookNotFound``) allocate nothing. A terminal run refuses new work
+- Refusals (``RunExpired``, ``StepAlreadyEnded``, ``StaleStepStart``,
+  ``WaitAlreadyCompleted``, ``HookNotFound``) allocate nothing. A terminal run refuses new work
   (``events.REFUSED_ON_TERMINAL_RUN``) and keeps accepting a step's first
   outcome and a wait's first completion.
 - One outcome per step, one completion per wait (DESIGN.md 10): a
@@ -24,6 +24,11 @@ Storage rules (DESIGN.md 3.1, seed 003 "Implementing spec 9 in a World"):
   ``WaitAlreadyCompleted``; in-band or out-of-band, running run or ended. A
   stalled delivery that resumes therefore cannot add a second outcome: the
   first one written stands.
+- Attempts only move forward: a ``step_started`` whose ``attempt`` is not
+  greater than the highest attempt already started for that step raises
+  ``StaleStepStart`` (with ``attempt`` and ``latest_attempt``), in-band or
+  out-of-band. A delivery whose start write stalled past its lease therefore
+  cannot start an attempt its redeliveries already ran (simulation seed 522).
 - ``hook_created`` for a token a live hook holds stores ``hook_conflict``
   instead, in the creator's log, at the slot the creation would have taken.
 - A hook takes one payload: an admitted ``hook_received`` frees the hook's

@@ -4,9 +4,9 @@
 is one synchronous call, so on one event loop it is atomic; it decides in the
 local World's order (``treadle.worlds.local.eventlog``): the run exists; the
 fence; the counts; each event's own checks (terminal run, ended step or a second
-outcome, completed wait, live hook; a hook_received also frees its token); then it
-allocates slots, stores, folds the views and moves the counters. A refusal raises
-before anything is stored, so it never leaves a hole.
+outcome, a stale step start, completed wait, live hook; a hook_received also frees
+its token); then it allocates slots, stores, folds the views and moves the counters.
+A refusal raises before anything is stored, so it never leaves a hole.
 
 Events are stored as their JSON text and read back as fresh objects, so neither a
 writer nor a reader can change what the log holds (as with a real database).
@@ -247,6 +247,19 @@ class Store:
                 if ended is not None:
                     raise errors.StepAlreadyEnded(
                         run_id, step_id=event.correlation_id, outcome_slot=ended, event_type=kind
+                    )
+                held = state.steps.get(event.correlation_id)
+                if (
+                    isinstance(event, events.StepStarted)
+                    and held is not None
+                    and event.attempt <= held.attempt
+                ):
+                    # A stale start: a later delivery already started this attempt or a later one.
+                    raise errors.StaleStepStart(
+                        run_id,
+                        step_id=event.correlation_id,
+                        attempt=event.attempt,
+                        latest_attempt=held.attempt,
                     )
             case events.WaitCompleted():
                 done = state.completed_waits.get(event.correlation_id)

@@ -454,6 +454,33 @@ class StorageConformance:
                 await in_band(world, run_id, again)
             assert await log_and_snapshot(world, run_id) == before
 
+    @pytest.mark.parametrize("stale", [1, 2])
+    async def test_a_step_started_not_past_the_latest_attempt_is_refused(
+        self, harness: WorldHarness, stale: int
+    ) -> None:
+        """Simulation seed 522: a start at attempt 2 then one at ``stale`` (1 or 2) raises
+        StaleStepStart, in-band or out-of-band, allocating nothing; attempt 3 is taken."""
+        async with opened(harness) as world:
+            run_id = await started_run(world)
+            await in_band(world, run_id, step_created("s1"))
+            second = events.StepStarted(correlation_id="s1", step_name="fetch", attempt=2)
+            await out_of_band(world, run_id, second)
+            before = await log_and_snapshot(world, run_id)
+            late = events.StepStarted(correlation_id="s1", step_name="fetch", attempt=stale)
+            with pytest.raises(errors.StaleStepStart) as refused:
+                await out_of_band(world, run_id, late)
+            facts = (refused.value.run_id, refused.value.step_id, refused.value.attempt)
+            assert facts == (run_id, "s1", stale)
+            assert refused.value.latest_attempt == 2
+            with pytest.raises(errors.StaleStepStart):
+                await in_band(world, run_id, late)
+            assert await log_and_snapshot(world, run_id) == before
+            third = events.StepStarted(correlation_id="s1", step_name="fetch", attempt=3)
+            taken = await out_of_band(world, run_id, third)
+            assert taken.event.slot == before[1].seq + 1
+            step = await world.steps.get(run_id, "s1")
+            assert (step.status, step.attempt) == ("running", 3)
+
     @pytest.mark.parametrize("first", ["step_completed", "step_failed"])
     @pytest.mark.parametrize("second", ["step_completed", "step_failed"])
     async def test_a_second_outcome_for_a_step_is_refused_allocating_nothing(

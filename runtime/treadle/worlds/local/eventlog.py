@@ -148,13 +148,22 @@ def _admit(conn: sqlite3.Connection, run: _Run, event: events.Event) -> events.E
         raise errors.RunExpired(run.run_id, status=run.status, event_type=kind)
     if isinstance(event, events.StepStarted | events.StepCompleted | events.StepFailed):
         # One outcome per step (DESIGN.md 10): a start or a second outcome after it is refused.
+        # steps.attempt is the highest attempt started (step_created folds it to 0).
         row = conn.execute(
-            "SELECT outcome_slot FROM steps WHERE run_id = ? AND step_id = ?",
+            "SELECT outcome_slot, attempt FROM steps WHERE run_id = ? AND step_id = ?",
             (run.run_id, event.correlation_id),
         ).fetchone()
         if row is not None and row[0] is not None:
             raise errors.StepAlreadyEnded(
                 run.run_id, step_id=event.correlation_id, outcome_slot=row[0], event_type=kind
+            )
+        if isinstance(event, events.StepStarted) and row is not None and event.attempt <= row[1]:
+            # A stale start: a later delivery already started this attempt or a later one.
+            raise errors.StaleStepStart(
+                run.run_id,
+                step_id=event.correlation_id,
+                attempt=event.attempt,
+                latest_attempt=row[1],
             )
     elif isinstance(event, events.WaitCompleted):
         row = conn.execute(

@@ -1,12 +1,13 @@
 """Postgres errors as treadle errors.
 
-The append functions (``migrations/0001_init.sql``, ``0004_one_outcome.sql``)
-raise with SQLSTATEs of the class ``TRD`` and a JSON ``DETAIL`` carrying the
-error's attributes; batch item refusals come back as rows with the same code and
-detail. ``world_error`` turns either into the ``treadle.errors`` type the local
-World raises, with the same attributes and message. ``storage_error`` maps
-everything else: a lost or refused connection is ``StorageUnavailable``, a
-database without treadle's schema is ``IncompatibleStorage``.
+The append functions (``migrations/0001_init.sql``, ``0004_one_outcome.sql``,
+``0006_stale_step_start.sql``) raise with SQLSTATEs of the class ``TRD`` and a
+JSON ``DETAIL`` carrying the error's attributes; batch item refusals come back as
+rows with the same code and detail. ``world_error`` turns either into the
+``treadle.errors`` type the local World raises, with the same attributes and
+message. ``storage_error`` maps everything else: a lost or refused connection is
+``StorageUnavailable``, a database without treadle's schema is
+``IncompatibleStorage``.
 
 Called by ``database``.
 """
@@ -26,6 +27,7 @@ STEP_ALREADY_ENDED = "TRD05"
 HOOK_NOT_FOUND = "TRD06"
 EARLIER_ITEM_REFUSED = "TRD07"
 WAIT_ALREADY_COMPLETED = "TRD08"  # migration 0004
+STALE_STEP_START = "TRD09"  # migration 0006
 
 # SQLSTATE classes of a connection that is gone or refused (08, 53, 57) and of
 # functions or tables that do not exist (the schema is missing or behind).
@@ -72,6 +74,13 @@ def world_error(
             step_id=str(facts["step_id"]),
             outcome_slot=int(facts["outcome_slot"]),
             event_type=str(facts.get("event_type", "step_started")),
+        )
+    if code == STALE_STEP_START:
+        return errors.StaleStepStart(
+            run_id,
+            step_id=str(facts["step_id"]),
+            attempt=int(facts["attempt"]),
+            latest_attempt=int(facts["latest_attempt"]),
         )
     if code == WAIT_ALREADY_COMPLETED:
         return errors.WaitAlreadyCompleted(
