@@ -97,6 +97,7 @@ class FaultyEvents:
         self.refusals: list[Fault] = []
         self.failures: list[Fault] = []
         self.failures_after: list[Fault] = []
+        self.feed_drops: list[Fault] = []
         self.trace: list[Traced] = [] if trace is None else trace
         # Every write that reached this wrapper: (first event's type, the keyword arguments).
         self.calls: list[tuple[str, dict[str, Any]]] = []
@@ -144,6 +145,39 @@ class FaultyEvents:
         self._traced([result.event])
         self._failed_after(event)
         return result
+
+    def drop_feed_after(self, times: int = 1, when: Callable[..., bool] = lambda e: True) -> None:
+        """The next ``times`` live feeds of an orchestrator delivery that push an event
+        matching ``when`` push it, then drop at once (``on_error``): the event was
+        delivered, the feed is gone. Other feeds (a client's ``result()``) are untouched."""
+        self.feed_drops.append(Fault(when, times))
+
+    def subscribe(
+        self,
+        run_id: str,
+        after_slot: int,
+        on_event: Callable[[events.LoggedEvent], None],
+        on_error: Callable[[BaseException], None],
+    ) -> Any:
+        current = CURRENT.get()
+        if current is None or current.kind != "orchestrator":
+            return self._inner.subscribe(run_id, after_slot, on_event, on_error)
+        dropped = False
+
+        def pushed(logged: events.LoggedEvent) -> None:
+            nonlocal dropped
+            if dropped:
+                return
+            on_event(logged)
+            if any(f.hit(logged.event) for f in self.feed_drops):
+                dropped = True
+                on_error(ConnectionError(f"injected: the feed dropped after {logged.type}"))
+
+        def failed(exc: BaseException) -> None:
+            if not dropped:
+                on_error(exc)
+
+        return self._inner.subscribe(run_id, after_slot, pushed, failed)
 
     async def create_batch(
         self, run_id: str, batch: Sequence[events.Event], **kw: Any

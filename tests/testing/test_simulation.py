@@ -63,6 +63,18 @@ STALE_START = (
     "World: a plain delivery's step_started stalls past its lease, lands after its "
     "redeliveries started attempts 1 and 2, and runs its body (attempt 1 after 2)"
 )
+RESEND_MARKED = (
+    "the re-send pass of a redelivery was marked done before its sends succeeded; the next"
+    " delivery started in the same millisecond skipped it, leaving created steps unsent"
+)
+FEED_DROP_NEWS = (
+    "a linger whose feed pushed an outcome and dropped at once ended as 'nothing new'; the"
+    " run was recorded consumed through it and the step's wake was taken for a no-op"
+)
+LATE_HOOK_ACTOR = (
+    "simulation: a resume sent long before its hook exists gave up after 200 tries; the"
+    " actor now retries until the run ends"
+)
 
 PINNED: list[tuple[int, str, str]] = [
     (8, "duplicate=0.005,fail_after=0.01,queue_error=0.005,budget=20", UNKNOWN_BG_START),
@@ -102,6 +114,29 @@ PINNED: list[tuple[int, str, str]] = [
         522,
         "fail_after=0.005,fence=0.012,queue_error=0.005,stall=0.006,storage_error=0.02,budget=12",
         STALE_START,
+    ),
+    # Found by the soak of seeds 1000-2999 (session 4).
+    (
+        1186,
+        "duplicate=0.02,feed_drop=0.01,queue_error=0.02,storage_error=0.005,budget=12",
+        RESEND_MARKED,
+    ),
+    (
+        2123,
+        "fail_after=0.02,feed_drop=0.01,fence=0.012,lost_wake=0.002,stall=0.0015,"
+        "storage_error=0.02,budget=8",
+        RESEND_MARKED,
+    ),
+    (
+        1309,
+        "feed_drop=0.01,fence=0.003,queue_error=0.02,storage_error=0.02,budget=4",
+        FEED_DROP_NEWS,
+    ),
+    (
+        2637,
+        "duplicate=0.02,feed_drop=0.005,fence=0.003,kill=0.004,queue_error=0.02,stall=0.003,"
+        "budget=4",
+        LATE_HOOK_ACTOR,
     ),
 ]
 

@@ -332,6 +332,7 @@ class OrchestratorDelivery:
             return None
         if await self.session.read_tail():
             return None
+        decided = self.session.tail  # what this pass's replay decided on
         if self._should_linger():
             linger_ms = min(
                 self.settings.WORKFLOW_ORCHESTRATOR_LINGER_MS,
@@ -346,6 +347,8 @@ class OrchestratorDelivery:
                 return None
         if self.meta.delivery_count > 1:
             await self.waits.arm_near_due()
+        if self.session.tail > decided:
+            return None  # an event arrived after the last pass: decide on it first
         return await self._finish()
 
     def _should_linger(self) -> bool:
@@ -368,8 +371,6 @@ class OrchestratorDelivery:
         limit = self.deadline_ms if until_ms is None else min(self.deadline_ms, until_ms)
         while True:
             poll_ms = self._polls.interval_ms(feed_live=session.feed_live)
-            if linger and not session.feed_live:
-                return False
             session.news.clear()
             check_lease(self.meta, self.run_id)
             if session.has_pending:
@@ -378,6 +379,11 @@ class OrchestratorDelivery:
             if session.tail > tail or self.inline.any_done():
                 self.inline.reap_done()
                 return True
+            # Checked after the news: a feed that brought an event and then dropped must
+            # not end the linger as "nothing new" (seed 1309: the event was absorbed,
+            # never decided on, and the wake it raised found the run "consumed").
+            if linger and not session.feed_live:
+                return False
             remaining = limit - now_ms()
             if remaining <= 0:
                 return False
@@ -543,9 +549,14 @@ class OrchestratorDelivery:
 
     async def _resend_steps(self) -> None:
         """The re-send rule, once per invocation: steps whose first send may be lost."""
-        invocation = (self.meta.message_id, self.meta.invocation_started_at)
-        if not self.rt.resent_invocations.first_time(f"{invocation}"):
-            return  # an earlier re-run of this invocation re-sent them
+        # One pass per delivery, not per coalesced re-run. The delivery's own count is in
+        # the key: two deliveries may start in the same millisecond (seed 1186).
+        meta = self.meta
+        invocation = (
+            f"{meta.message_id}/{meta.delivery_count - meta.rerun}/{meta.invocation_started_at}"
+        )
+        if self.rt.resent_invocations.seen(invocation):
+            return  # an earlier re-run of this delivery re-sent them
         resends = decisions.steps_to_resend(
             self.session.state, now=clock.utcnow(), recovery=self.message.recovery
         )
@@ -565,3 +576,6 @@ class OrchestratorDelivery:
         if sends:
             log.debug("run %s: re-sending %d step messages", self.run_id, len(sends))
             await self.session.send(sends)
+        # Marked once sent: a send that raised leaves it unmarked, so the redelivery's pass
+        # sends again even where its key repeats (seed 1186: a step left unsent for ever).
+        self.rt.resent_invocations.mark(invocation)

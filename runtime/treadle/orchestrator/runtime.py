@@ -25,10 +25,18 @@ class RecentKeys:
     def first_time(self, key: str) -> bool:
         if key in self._keys:
             return False
+        self.mark(key)
+        return True
+
+    def seen(self, key: str) -> bool:
+        return key in self._keys
+
+    def mark(self, key: str) -> None:
+        """Record ``key``: call it once what the key stands for is done (a send that
+        raised must not be marked, or no later delivery of this process retries it)."""
         self._keys[key] = None
         if len(self._keys) > self._limit:
             self._keys.popitem(last=False)
-        return True
 
 
 @dataclass
@@ -41,7 +49,8 @@ class Runtime:
     # The slot this process last consumed per run (the no-op wake fast path).
     consumed: dict[str, int] = field(default_factory=dict)
     near_due_sent: RecentKeys = field(default_factory=RecentKeys)
-    # Invocations (message, start) whose re-send pass ran: once per invocation.
+    # Deliveries (message, delivery, start) whose re-send pass sent: once per delivery,
+    # not again in its coalesced re-runs.
     resent_invocations: RecentKeys = field(default_factory=RecentKeys)
 
     def wake_message(

@@ -158,7 +158,9 @@ class Simulation:
         if actor.kind == "resume" and actor.n > 0:
             # The payload for a token's next hook goes out after the previous one landed.
             await self._resumed(run.run_id, actor.token, actor.n - 1).wait()
-        for _ in range(200):
+        # Until it lands or the run ends: a hook may appear late (seed 2637: a resume sent
+        # at 0 s for a hook created at 870 s; a fixed retry budget gave up before it).
+        while True:
             if run.run_id in self.ended:
                 return
             try:
