@@ -12,7 +12,7 @@ from typing import Any, Self
 
 from pydantic import BaseModel, JsonValue
 
-from treadle import errors, limits
+from treadle import errors, limits, serde_registry
 from treadle.replay import operations
 from treadle.sdk import context
 from treadle.sdk.durations import Duration, to_seconds
@@ -62,7 +62,13 @@ def create_hook(token: str, *, metadata: JsonValue = None) -> HookHandle:
 
 
 class Hook(BaseModel):
-    """Base class of a hook's payload model."""
+    """Base class of a hook's payload model (each subclass, and the classes its fields
+    name, is declared to ``serde``: see ``treadle.serde_registry``)."""
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        super().__pydantic_init_subclass__(**kwargs)
+        serde_registry.register_annotations(cls)
 
     @classmethod
     async def wait(cls, *, token: str, timeout: Duration | None = None) -> Self | None:
