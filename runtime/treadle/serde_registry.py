@@ -157,15 +157,42 @@ def _resolve_pending() -> None:
                 continue
             _walk(obj, set())
             continue
-        try:
-            hints = typing.get_type_hints(obj, include_extras=True)
-        except Exception:  # a forward reference not defined yet, say: try again later
+        hints, complete = _hints(obj)
+        if not complete:  # a forward reference not defined yet, say: try again later
             still.append(obj)
-            continue
         seen: set[int] = set()
-        for hint in hints.values():
+        for hint in hints:
             _walk(hint, seen)
     _pending[:] = still
+
+
+def _hints(obj: Callable[..., Any] | type) -> tuple[list[Any], bool]:
+    """``obj``'s resolved annotations, and whether all of them resolved.
+
+    When one name cannot be resolved (defined later, or only under ``TYPE_CHECKING``),
+    the others still count: each is resolved on its own.
+    """
+    try:
+        return list(typing.get_type_hints(obj, include_extras=True).values()), True
+    except Exception:
+        pass
+    raw = getattr(obj, "__annotations__", None)
+    if not isinstance(raw, dict):
+        return [], False
+    namespace = getattr(obj, "__globals__", None)
+    if namespace is None:
+        module = sys.modules.get(getattr(obj, "__module__", "") or "")
+        namespace = vars(module) if module is not None else {}
+    resolved: list[Any] = []
+    for name, annotation in raw.items():
+        holder = types.SimpleNamespace(__annotations__={name: annotation})
+        try:
+            resolved.extend(
+                typing.get_type_hints(holder, globalns=namespace, include_extras=True).values()
+            )
+        except Exception:
+            continue
+    return resolved, False
 
 
 def _walk(hint: Any, seen: set[int]) -> None:

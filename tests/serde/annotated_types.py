@@ -74,6 +74,13 @@ class InHookField:
 
 
 @dataclasses.dataclass
+class BesideAnUnresolvable:
+    """Named by a parameter beside one whose annotation never resolves."""
+
+    n: int
+
+
+@dataclasses.dataclass
 class Unnamed:
     """Named by nothing: stays undeclared."""
 

@@ -7,10 +7,12 @@ Being an app module, its own module-level dataclasses and models are declared to
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 from treadle import Hook, Workflows
 
 from .annotated_types import (
+    BesideAnUnresolvable,
     Branch,
     InDict,
     InList,
@@ -22,6 +24,9 @@ from .annotated_types import (
     Unnamed,
 )
 from .annotated_types import InHookField as InHookField
+
+if TYPE_CHECKING:
+    from typing_only_module import OnlyForTypeCheckers  # type: ignore[import-not-found]
 
 __all__ = ["Unnamed"]
 
@@ -50,6 +55,11 @@ async def price(
 async def shop(
     items: list[InList], pair: tuple[InTuple, ...], note: Tagged, tree: Branch
 ) -> Returned | None:
+    return None
+
+
+@app.step
+async def partly(ghost: OnlyForTypeCheckers, real: BesideAnUnresolvable) -> None:
     return None
 
 

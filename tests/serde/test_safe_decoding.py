@@ -140,6 +140,7 @@ def test_annotations_declare_classes_through_containers_and_fields() -> None:
         at.FromModelField,
         at.Returned,
         at.InHookField,
+        at.BesideAnUnresolvable,  # beside an annotation that only resolves for type checkers
     ):
         assert serde_registry.lookup(serde_registry.class_path(cls)) is cls, cls
     tree = at.Branch(leaves=[at.Leaf("a"), at.Leaf("b")], when=dt.date(2026, 1, 2))
