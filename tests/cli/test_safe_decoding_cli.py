@@ -140,6 +140,7 @@ def test_a_forged_run_input_fails_in_a_plain_worker_and_inspect_shows_it_raw(
         "workflow hi input argument 0: the stored value names class 'subprocess:Popen'"
         in (done["error"]["message"])
     )
+    assert cli.json("runs", "get", run_id)["status"] == "failed"
     assert not marker.exists()
 
 

@@ -192,7 +192,9 @@ async def test_a_forged_step_input_fails_that_step_and_runs_no_body(
     run = await app.start(flow)
     outcome = await run.result(timeout=30)
     assert outcome.startswith("SerializationError: ")
-    assert "input argument 0: the stored value names class 'subprocess:Popen'" in outcome
+    assert "step take input argument 0: the stored value names class 'subprocess:Popen'" in (
+        outcome
+    )
     failed = [e for e in await run.events() if e.type == "step_failed"]
     assert len(failed) == 1 and failed[0].event.error.type == "SerializationError"  # type: ignore[attr-defined]
     assert ran == []
