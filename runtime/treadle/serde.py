@@ -207,7 +207,8 @@ def _decode(data: JsonValue) -> Any:
     except _Refused:
         raise
     except (ValueError, TypeError, OverflowError, binascii.Error) as exc:
-        raise _Refused(f"a malformed {tag!r} value in stored data ({exc})") from None
+        detail = (str(exc).splitlines() or [type(exc).__name__])[0]
+        raise _Refused(f"a malformed {tag!r} value in stored data ({detail})") from None
 
 
 def _items(tag: str, v: JsonValue) -> list[Any]:
@@ -288,7 +289,8 @@ def _rebuild(tag: str, name: JsonValue, v: JsonValue) -> Any:
     try:
         return cls(**fields)
     except TypeError as exc:
-        raise _Refused(f"cannot rebuild {name!r}: {exc}") from None
+        detail = (str(exc).splitlines() or [type(exc).__name__])[0]
+        raise _Refused(f"cannot rebuild {name!r}: {detail}") from None
 
 
 def _one_line(exc: ValidationError) -> str:
