@@ -147,7 +147,8 @@ class Forging(FaultyEvents):
 
 
 class ForgingQueue(FaultyQueue):
-    """Puts the forged step input into step messages too (a NATS publish, H2)."""
+    """Puts the forged step input into step messages that carry an input (a NATS publish,
+    H2); a message that leaves its input in the log is left alone."""
 
     def __init__(self, inner: Any, step_input: Any) -> None:
         super().__init__(inner)
@@ -158,7 +159,7 @@ class ForgingQueue(FaultyQueue):
             messages.Send(
                 s.message.model_copy(update={"input": self.step_input}), s.key, s.delay_seconds
             )
-            if isinstance(s.message, messages.StepMessage)
+            if isinstance(s.message, messages.StepMessage) and s.message.input is not None
             else s
             for s in sends
         ]

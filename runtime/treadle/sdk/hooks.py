@@ -12,10 +12,11 @@ from typing import Any, Self
 
 from pydantic import BaseModel, JsonValue
 
-from treadle import errors, limits, serde_registry
+from treadle import errors, limits
 from treadle.replay import operations
 from treadle.sdk import context
 from treadle.sdk.durations import Duration, to_seconds
+from treadle.serde_registry import register_annotations
 
 
 class HookHandle:
@@ -68,7 +69,7 @@ class Hook(BaseModel):
     @classmethod
     def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
         super().__pydantic_init_subclass__(**kwargs)
-        serde_registry.register_annotations(cls)
+        register_annotations(cls)
 
     @classmethod
     async def wait(cls, *, token: str, timeout: Duration | None = None) -> Self | None:
