@@ -37,6 +37,7 @@ from treadle.sdk.determinism import random, uuid4
 from treadle.sdk.hooks import Hook, HookHandle, create_hook
 from treadle.sdk.logging import workflow_logger
 from treadle.sdk.timing import now, sleep
+from treadle.serde_registry import register_types
 
 __version__ = "0.1.0"
 
@@ -61,6 +62,7 @@ __all__ = [
     "create_hook",
     "now",
     "random",
+    "register_types",
     "sleep",
     "step_metadata",
     "uuid4",

@@ -183,7 +183,7 @@ def _wake(run: records.RunRecord) -> messages.OrchestratorMessage:
 
 def _outcome(run: records.RunRecord) -> Any:
     if run.status == "completed":
-        return serde.decode(run.output)
+        return serde.decode(run.output, f"run {run.run_id} output")
     if run.status == "cancelled":
         raise errors.RunCancelledError(run.run_id)
     error = run.error or events.ErrorInfo(message="unknown error")

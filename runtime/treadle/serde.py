@@ -3,29 +3,34 @@
 Inputs, step results, hook payloads and outputs are stored as JSON. Beyond
 JSON's own types, these round-trip exactly, as ``{"$t": tag, "v": value}``:
 datetime, date, time, timedelta, bytes, Decimal, UUID, set, frozenset, tuple,
-pydantic models and dataclasses (rebuilt by import path), and dicts with
-non-string keys or a ``$t`` key of their own. Anything else raises
+pydantic models and dataclasses, and dicts with non-string keys or a ``$t``
+key of their own. A model or dataclass is stored under its import path but
+rebuilt only if the app declares it (``treadle.serde_registry``: annotations,
+the app's modules, ``treadle.register_types``); decoding never imports or calls
+a name the data holds, and encoding refuses a class that would not decode. Anything else raises
 ``SerializationError`` naming where in the value it sits (``order.items[2]``),
 and so does a value over ``treadle.limits`` (depth, size, NUL characters).
 
-Called by the SDK (arguments and results) and the orchestrator (what it writes).
+Called by the SDK (arguments and results), the replay engine (step results and
+hook payloads), the client (outputs) and the orchestrator (what it writes).
 """
 
 from __future__ import annotations
 
 import base64
+import binascii
 import dataclasses
 import datetime as dt
-import importlib
 import math
 import uuid
 from decimal import Decimal
 from typing import Any
 
-from pydantic import BaseModel, JsonValue
+from pydantic import BaseModel, JsonValue, ValidationError
 
 from treadle import errors
 from treadle import limits as lim
+from treadle import serde_registry as registry
 
 TAG = "$t"
 
@@ -38,11 +43,18 @@ def _tagged(tag: str, value: JsonValue) -> dict[str, JsonValue]:
 
 
 def _class_path(cls: type) -> str:
+    """The stored name of a model or dataclass; ``TypeError`` when it would not decode."""
     if "<locals>" in cls.__qualname__:
         raise TypeError(
             f"{cls.__qualname__} is defined inside a function; define it at module level"
         )
-    return f"{cls.__module__}:{cls.__qualname__}"
+    if not registry.is_declared(cls):
+        raise TypeError(
+            f"a {cls.__qualname__} ({registry.class_path(cls)}) is not declared to treadle, so "
+            "no worker could read it back; name it in a workflow, step or Hook annotation, "
+            f"define it in the app's module, or call treadle.register_types({cls.__qualname__})"
+        )
+    return registry.class_path(cls)
 
 
 def encode(
@@ -145,44 +157,89 @@ def _encode(value: Any, path: str, depth: int, limits: lim.Limits) -> JsonValue:
     )
 
 
-def _load_class(path: str) -> type:
-    module, _, qualname = path.partition(":")
-    obj: Any = importlib.import_module(module)
-    for part in qualname.split("."):
-        obj = getattr(obj, part)
-    if not isinstance(obj, type):
-        raise SerializationError(path, "does not name a class")
-    return obj
+class _Refused(Exception):
+    """A stored value ``decode`` will not rebuild; ``where`` grows as it unwinds."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.where: list[str] = []
 
 
-def decode(data: JsonValue) -> Any:
-    """The Python value ``encode`` made ``data`` from."""
+def decode(data: JsonValue, path: str = "value") -> Any:
+    """The Python value ``encode`` made ``data`` from.
+
+    A ``model`` or ``dataclass`` tag is rebuilt only when its class is declared by
+    the app (``treadle.serde_registry``): nothing named in the data is imported or
+    called. Anything else (an undeclared class, a malformed tag) raises
+    ``SerializationError`` naming where in the value it sits (``path`` is its name).
+    """
+    try:
+        return _decode(data)
+    except _Refused as exc:
+        raise SerializationError(path + "".join(reversed(exc.where)), exc.reason) from None
+
+
+def _decode(data: JsonValue) -> Any:
     if isinstance(data, list):
-        return [decode(item) for item in data]
+        out_list = []
+        for i, item in enumerate(data):
+            try:
+                out_list.append(_decode(item))
+            except _Refused as exc:
+                exc.where.append(f"[{i}]")
+                raise
+        return out_list
     if not isinstance(data, dict):
         return data
     tag = data.get(TAG)
     if tag is None:
-        return {k: decode(v) for k, v in data.items()}
+        out: dict[str, Any] = {}
+        for k, v in data.items():
+            try:
+                out[k] = _decode(v)
+            except _Refused as exc:
+                exc.where.append(f".{k}")
+                raise
+        return out
+    try:
+        return _decode_tagged(tag, data)
+    except _Refused:
+        raise
+    except (ValueError, TypeError, OverflowError, binascii.Error) as exc:
+        detail = (str(exc).splitlines() or [type(exc).__name__])[0]
+        raise _Refused(f"a malformed {tag!r} value in stored data ({detail})") from None
+
+
+def _items(tag: str, v: JsonValue) -> list[Any]:
+    if not isinstance(v, list):
+        raise _Refused(f"a {tag!r} value holds {type(v).__name__}, not a list")
+    out = []
+    for i, item in enumerate(v):
+        try:
+            out.append(_decode(item))
+        except _Refused as exc:
+            exc.where.append(f"[{i}]")
+            raise
+    return out
+
+
+def _decode_tagged(tag: object, data: dict[str, JsonValue]) -> Any:
     v = data.get("v")
     match tag:
         case "float":
             return float(str(v))
         case "dict":
-            assert isinstance(v, list)
-            return {
-                _hashable(decode(k)): decode(val)
-                for k, val in (pair for pair in v if isinstance(pair, list))
-            }
+            pairs = _items("dict", v)
+            if not all(isinstance(p, list) and len(p) == 2 for p in pairs):
+                raise _Refused("a 'dict' value must be a list of [key, value] pairs")
+            return {_hashable(k): val for k, val in pairs}
         case "tuple":
-            assert isinstance(v, list)
-            return tuple(decode(item) for item in v)
+            return tuple(_items("tuple", v))
         case "set":
-            assert isinstance(v, list)
-            return {_hashable(decode(item)) for item in v}
+            return {_hashable(item) for item in _items("set", v)}
         case "frozenset":
-            assert isinstance(v, list)
-            return frozenset(_hashable(decode(item)) for item in v)
+            return frozenset(_hashable(item) for item in _items("frozenset", v))
         case "datetime":
             return dt.datetime.fromisoformat(str(v))
         case "date":
@@ -190,25 +247,58 @@ def decode(data: JsonValue) -> Any:
         case "time":
             return dt.time.fromisoformat(str(v))
         case "timedelta":
-            assert isinstance(v, list)
-            days, seconds, micros = (int(str(x)) for x in v)
+            parts = v if isinstance(v, list) else []
+            if len(parts) != 3:
+                raise _Refused("a 'timedelta' value must be [days, seconds, microseconds]")
+            days, seconds, micros = (int(str(x)) for x in parts)
             return dt.timedelta(days=days, seconds=seconds, microseconds=micros)
         case "bytes":
-            return base64.b64decode(str(v))
+            return base64.b64decode(str(v), validate=True)
         case "decimal":
             return Decimal(str(v))
         case "uuid":
             return uuid.UUID(str(v))
-        case "model":
-            cls = _load_class(str(data["cls"]))
-            assert issubclass(cls, BaseModel)
-            return cls.model_validate(decode(v))
-        case "dataclass":
-            cls = _load_class(str(data["cls"]))
-            fields = decode(v)
-            assert isinstance(fields, dict)
-            return cls(**fields)
-    raise SerializationError("value", f"unknown tag {tag!r} in stored data")
+        case "model" | "dataclass":
+            return _rebuild(tag, data.get("cls"), v)
+    raise _Refused(f"unknown tag {tag!r} in stored data")
+
+
+def _rebuild(tag: str, name: JsonValue, v: JsonValue) -> Any:
+    """A declared model or dataclass, from its stored fields; never an import."""
+    if not isinstance(name, str):
+        raise _Refused(f"a {tag!r} value names no class")
+    cls = registry.lookup(name)
+    if cls is None:
+        raise _Refused(
+            f"the stored value names class {name!r}, which this app does not declare, so "
+            "it was not imported or called (name it in a workflow, step or Hook annotation, "
+            "define it in the app's module, or call treadle.register_types)"
+        )
+    fields = _decode(v)
+    if not isinstance(fields, dict) or not all(isinstance(k, str) for k in fields):
+        raise _Refused(f"the fields of {name!r} are not an object")
+    if tag == "model":
+        if not issubclass(cls, BaseModel):
+            raise _Refused(f"class {name!r} is not a pydantic model")
+        try:
+            return cls.model_validate(fields)
+        except ValidationError as exc:
+            raise _Refused(f"cannot rebuild {name!r}: {_one_line(exc)}") from None
+    if not dataclasses.is_dataclass(cls):
+        raise _Refused(f"class {name!r} is not a dataclass")
+    try:
+        return cls(**fields)
+    except TypeError as exc:
+        detail = (str(exc).splitlines() or [type(exc).__name__])[0]
+        raise _Refused(f"cannot rebuild {name!r}: {detail}") from None
+
+
+def _one_line(exc: ValidationError) -> str:
+    errors_ = exc.errors()
+    if not errors_:
+        return str(exc).splitlines()[0]
+    loc = ".".join(str(x) for x in errors_[0]["loc"]) or "the top"
+    return f"{exc.error_count()} validation error(s), first at {loc}: {errors_[0]['msg']}"
 
 
 def _hashable(value: Any) -> Any:

@@ -15,8 +15,8 @@ PUBLIC = {
     "CorruptedEventLog", "FatalError", "Hook", "HookConflictError", "HookHandle",
     "NonDeterministicCall", "RetryableError", "Run", "RunCancelledError", "RunFailedError",
     "SerializationError", "StepFailed", "StepMetadata", "TreadleError", "WorkflowMetadata",
-    "Workflows", "__version__", "create_hook", "now", "random", "sleep", "step_metadata",
-    "uuid4", "workflow_logger", "workflow_metadata",
+    "Workflows", "__version__", "create_hook", "now", "random", "register_types", "sleep",
+    "step_metadata", "uuid4", "workflow_logger", "workflow_metadata",
 }  # fmt: skip
 
 

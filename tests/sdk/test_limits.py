@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from treadle import errors, limits, serde
+from treadle import errors, limits, register_types, serde
 from treadle.sdk import functions
 from treadle.world import events, ids, messages
 
@@ -24,6 +24,9 @@ DEEPEST = limits.Limits(max_depth=limits.MAX_MAX_DEPTH)
 @dataclasses.dataclass
 class Box:
     inner: Any
+
+
+register_types(Box)  # no workflow names it, so it is declared explicitly (security.md H1)
 
 
 def _deepest(wrap: Any, lim: limits.Limits) -> Any:

@@ -12,6 +12,7 @@ from treadle import settings
 from treadle.client import Workflows
 from treadle.sdk import catalogue
 from treadle.sdk.functions import WorkflowFunction
+from treadle.serde import TAG
 from treadle.world import ids
 
 # Exit codes.
@@ -42,6 +43,12 @@ def parse_input(text: str | None) -> tuple[list[Any], dict[str, Any]]:
     if text is None:
         return [], {}
     value = parse_json(text, "--input")
+    tagged = _tag_key_at(value, "--input")
+    if tagged is not None:
+        raise UsageError(
+            f"{tagged} has a {TAG!r} key, which treadle reserves for its own stored values; "
+            "pass plain JSON"
+        )
     if isinstance(value, dict):
         return [], value
     if isinstance(value, list):
@@ -50,6 +57,20 @@ def parse_input(text: str | None) -> tuple[list[Any], dict[str, Any]]:
         "--input must be a JSON object (keyword arguments) or a JSON array "
         f"(positional arguments), not {type(value).__name__} {text.strip()}"
     )
+
+
+def _tag_key_at(value: Any, path: str) -> str | None:
+    """Where in parsed JSON an object holds a ``$t`` key (a forged tagged value), if anywhere."""
+    stack: list[tuple[Any, str]] = [(value, path)]
+    while stack:
+        item, where = stack.pop()
+        if isinstance(item, dict):
+            if TAG in item:
+                return where
+            stack.extend((v, f"{where}.{k}") for k, v in item.items())
+        elif isinstance(item, list):
+            stack.extend((v, f"{where}[{i}]") for i, v in enumerate(item))
+    return None
 
 
 def check_arguments(

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -108,11 +108,17 @@ class RunSession:
     def start_replay(self, workflow: functions.WorkflowFunction[Any, Any]) -> engine.Replay:
         if self.replay is not None:
             self.replay.close()
-        args, kwargs = functions.decode_arguments(self.state.input)
+        body: Callable[..., Awaitable[Any]] = workflow.fn
+        try:
+            args, kwargs = functions.decode_arguments(
+                self.state.input, f"workflow {workflow.name} input"
+            )
+        except errors.SerializationError as exc:  # the run fails with it, on every replay
+            args, kwargs, body = [], {}, functions.refusing(exc)
         self.replay = engine.Replay(
             run_id=self.run_id,
             workflow_name=self.state.workflow_name,
-            workflow=workflow.fn,
+            workflow=body,
             args=args,
             kwargs=kwargs,
         )

@@ -80,7 +80,7 @@ async def execute(
     meta = context.StepMetadata(run_id, step_id, step_name, attempt, started_at, workflow_name)
     token = context.STEP.set(meta)
     try:
-        args, kwargs = functions.decode_arguments(input)
+        args, kwargs = functions.decode_arguments(input, f"step {step_name} input")
         value: Any = await fn.run_body(args, kwargs)
         return Outcome("completed", result=serde.encode(value, f"step {step_name} result"))
     except errors.FatalError as exc:

@@ -107,6 +107,17 @@ def _name(op: operations.Operation) -> str:
     return ""
 
 
+def _settle(future: asyncio.Future[Any], data: JsonValue, path: str) -> None:
+    """Resolve ``future`` with the decoded value; a value that cannot be decoded (a class
+    the app does not declare) is raised where the workflow awaits it, on every replay."""
+    try:
+        value = serde.decode(data, path)
+    except errors.SerializationError as exc:
+        future.set_exception(exc)
+        return
+    future.set_result(value)
+
+
 def _creation(event: events.Event) -> tuple[operations.Kind, str] | None:
     match event:
         case events.StepCreated(step_name=name, position=p) if p is not None:
@@ -247,7 +258,7 @@ class Replay:
             if op.future.done():
                 return
             if isinstance(event, events.StepCompleted):
-                op.future.set_result(serde.decode(event.result))
+                _settle(op.future, event.result, f"step {op.step_name} result")
             elif isinstance(event, events.StepFailed):
                 op.future.set_exception(
                     errors.StepFailed(
@@ -262,7 +273,7 @@ class Replay:
                 op.timer.fire()
         elif isinstance(op, operations.HookWait) and not op.future.done():
             if isinstance(event, events.HookReceived):
-                op.future.set_result(serde.decode(event.payload))
+                _settle(op.future, event.payload, f"hook {op.token!r} payload")
             elif isinstance(event, events.HookConflict):
                 op.future.set_exception(
                     errors.HookConflictError(op.token, holder_run_id=event.holder_run_id)

@@ -17,7 +17,7 @@ from typing import Any, Generic, ParamSpec, TypeVar
 
 from pydantic import JsonValue
 
-from treadle import errors, limits, serde
+from treadle import errors, limits, serde, serde_registry
 from treadle.sdk import context
 
 P = ParamSpec("P")
@@ -52,16 +52,30 @@ def encode_arguments(
     return data
 
 
-def decode_arguments(data: JsonValue) -> tuple[list[Any], dict[str, Any]]:
+def decode_arguments(data: JsonValue, where: str = "input") -> tuple[list[Any], dict[str, Any]]:
+    """The ``encode_arguments`` form back as Python values; ``SerializationError``
+    (naming the argument) for a class the app does not declare or a malformed value."""
     if data is None:
         return [], {}
     if not isinstance(data, dict):
-        raise errors.SerializationError("input", "stored arguments are not an args/kwargs object")
-    args = serde.decode(data.get("args", []))
-    kwargs = serde.decode(data.get("kwargs", {}))
-    assert isinstance(args, list)
-    assert isinstance(kwargs, dict)
+        raise errors.SerializationError(where, "stored arguments are not an args/kwargs object")
+    raw_args = data.get("args", [])
+    raw_kwargs = data.get("kwargs", {})
+    if not isinstance(raw_args, list) or not isinstance(raw_kwargs, dict):
+        raise errors.SerializationError(where, "stored arguments are not an args/kwargs object")
+    args = [serde.decode(a, f"{where} argument {i}") for i, a in enumerate(raw_args)]
+    kwargs = {k: serde.decode(v, f"{where} argument {k!r}") for k, v in raw_kwargs.items()}
     return args, kwargs
+
+
+def refusing(exc: Exception) -> Callable[..., Awaitable[Any]]:
+    """A workflow body that raises ``exc`` (a run whose stored input cannot be decoded
+    fails with that error, the same on every replay)."""
+
+    async def body(*args: Any, **kwargs: Any) -> Any:
+        raise exc
+
+    return body
 
 
 class StepFunction(Generic[P, R]):
@@ -77,6 +91,7 @@ class StepFunction(Generic[P, R]):
         self.name = name
         self.max_retries = max_retries
         self.is_async = inspect.iscoroutinefunction(fn)
+        serde_registry.register_annotations(fn)  # the classes its values may be
         functools.update_wrapper(self, fn)
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> Awaitable[R]:
@@ -116,6 +131,7 @@ class WorkflowFunction(Generic[P, R]):
         self.name = name
         # New runs go to the World's latest deployment, not the starter's (chains move on).
         self.start_on_latest = start_on_latest
+        serde_registry.register_annotations(fn)  # the classes its values may be
         functools.update_wrapper(self, fn)
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> Awaitable[R]:

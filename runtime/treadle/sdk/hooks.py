@@ -16,6 +16,7 @@ from treadle import errors, limits
 from treadle.replay import operations
 from treadle.sdk import context
 from treadle.sdk.durations import Duration, to_seconds
+from treadle.serde_registry import register_annotations
 
 
 class HookHandle:
@@ -62,7 +63,13 @@ def create_hook(token: str, *, metadata: JsonValue = None) -> HookHandle:
 
 
 class Hook(BaseModel):
-    """Base class of a hook's payload model."""
+    """Base class of a hook's payload model (each subclass, and the classes its fields
+    name, is declared to ``serde``: see ``treadle.serde_registry``)."""
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        super().__pydantic_init_subclass__(**kwargs)
+        register_annotations(cls)
 
     @classmethod
     async def wait(cls, *, token: str, timeout: Duration | None = None) -> Self | None:
