@@ -225,6 +225,10 @@ def _template_differs(current: Any, wanted: dict[str, Any]) -> bool:
     """Whether what we set in a pod template differs from what is there (defaults aside)."""
     cur_container = (current.get("spec", {}).get("containers") or [{}])[0]
     want_container = wanted["spec"]["containers"][0]
-    return any(
-        cur_container.get(key) != want_container.get(key) for key in ("image", "args", "command")
-    )
+    # securityContext too: an operator upgrade hardens the workers it already runs.
+    keys = ("image", "args", "command", "securityContext")
+    if (current.get("spec", {}).get("securityContext") or {}) != (
+        wanted["spec"].get("securityContext") or {}
+    ):
+        return True
+    return any(cur_container.get(key) != want_container.get(key) for key in keys)
