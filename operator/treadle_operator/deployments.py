@@ -22,7 +22,12 @@ from treadle.world.records import RunStatus
 from treadle.worlds.production import PostgresNatsWorld
 from treadle_operator import kube, manifests, models, podsecurity, revisions
 from treadle_operator.conditions import condition, merge_conditions
-from treadle_operator.errors import WorldSecretMissing, WorldUnavailable
+from treadle_operator.errors import (
+    WorldHostRefused,
+    WorldSecretForbidden,
+    WorldSecretMissing,
+    WorldUnavailable,
+)
 from treadle_operator.models import (
     RevisionStatus,
     WorkflowDeploymentSpec,
@@ -98,7 +103,15 @@ async def reconcile(state: State, body: dict[str, Any]) -> None:
     try:
         world = await state.worlds.get(namespace, spec.world)
     except WorldUnavailable as exc:
-        reason = "SecretMissing" if isinstance(exc, WorldSecretMissing) else "Unreachable"
+        reason = (
+            "SecretMissing"
+            if isinstance(exc, WorldSecretMissing)
+            else "SecretForbidden"
+            if isinstance(exc, WorldSecretForbidden)
+            else "HostNotAllowed"
+            if isinstance(exc, WorldHostRefused)
+            else "Unreachable"
+        )
         conditions = merge_conditions(
             status.conditions, [condition("WorldReachable", False, reason, str(exc))]
         )
