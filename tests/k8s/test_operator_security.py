@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from .harness import Kube, wait_for
-from .operator_env import Shop, chart_identity
+from .operator_env import CHART, Shop, chart_identity
 from .rest import ApiError, Rest
 from .test_operator import (
     _start_from_code,
@@ -144,6 +144,12 @@ def test_a_namespaced_operator_works_at_home_and_reads_no_secret_elsewhere(
     shop.secret(namespace=elsewhere)
     shop.secret("unrelated")
     values = {"rbac": {"scope": "namespace", "namespaces": [shop.namespace]}}
+    # The chart's operator Deployment serves exactly those namespaces, as the process here.
+    from ..chart.render import render_chart
+
+    (operator,) = [m.body for m in render_chart(CHART, values) if m.kind == "Deployment"]
+    args = operator["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args == ["operator", "--namespace", shop.namespace]
     shop.operator.kubeconfig = chart_identity(
         kube, tmp_path, values, release_ns=f"treadle-ns-{shop.namespace}"
     )
@@ -162,6 +168,18 @@ def test_a_namespaced_operator_works_at_home_and_reads_no_secret_elsewhere(
     (container,) = template["containers"]
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+
+    # A deployment naming a Secret the Role does not list: a condition that says so.
+    shop.deploy("unlisted", "shop:1", world={"secretName": "unrelated"})
+
+    def forbidden() -> dict[str, str] | None:
+        conditions = (shop.wfd("unlisted").get("status") or {}).get("conditions", [])
+        return next((c for c in conditions if c["type"] == "WorldReachable"), None)
+
+    reachable = wait_for(forbidden, 30, what="a WorldReachable condition")
+    assert (reachable["status"], reachable["reason"]) == ("False", "SecretForbidden")
+    assert "may not read Secret" in reachable["message"]
+    assert "worldSecretNames" in reachable["message"]
 
     # The real RBAC authorizer, as the operator's own account.
     rest = Rest(kube.server, _token(shop.operator.kubeconfig))
