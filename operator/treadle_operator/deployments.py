@@ -20,9 +20,14 @@ from typing import Any
 from treadle.world import contract
 from treadle.world.records import RunStatus
 from treadle.worlds.production import PostgresNatsWorld
-from treadle_operator import kube, manifests, models, revisions
+from treadle_operator import kube, manifests, models, podsecurity, revisions
 from treadle_operator.conditions import condition, merge_conditions
-from treadle_operator.errors import WorldSecretMissing, WorldUnavailable
+from treadle_operator.errors import (
+    WorldHostRefused,
+    WorldSecretForbidden,
+    WorldSecretMissing,
+    WorldUnavailable,
+)
 from treadle_operator.models import (
     RevisionStatus,
     WorkflowDeploymentSpec,
@@ -91,10 +96,22 @@ async def reconcile(state: State, body: dict[str, Any]) -> None:
     namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
     spec = WorkflowDeploymentSpec.model_validate(body.get("spec") or {})
     status = models.parse_status(WorkflowDeploymentStatus, body.get("status"))
+    refused = podsecurity.reserved_env(spec, manifests.operator_env(spec, "-"))
+    if refused is not None:
+        await _refuse(state, body, status, refused)
+        return
     try:
         world = await state.worlds.get(namespace, spec.world)
     except WorldUnavailable as exc:
-        reason = "SecretMissing" if isinstance(exc, WorldSecretMissing) else "Unreachable"
+        reason = (
+            "SecretMissing"
+            if isinstance(exc, WorldSecretMissing)
+            else "SecretForbidden"
+            if isinstance(exc, WorldSecretForbidden)
+            else "HostNotAllowed"
+            if isinstance(exc, WorldHostRefused)
+            else "Unreachable"
+        )
         conditions = merge_conditions(
             status.conditions, [condition("WorldReachable", False, reason, str(exc))]
         )
@@ -153,6 +170,7 @@ async def reconcile(state: State, body: dict[str, Any]) -> None:
     newest = next((r for r in reversed(plan.status.revisions) if r.phase != "Retired"), None)
     troubles = [f"revision {r.id}: {r.message}" for r in plan.status.revisions if r.message]
     new_conditions = [
+        condition("SpecAccepted", True, "Accepted"),
         condition("WorldReachable", True, "Connected"),
         condition(
             "Ready",
@@ -175,6 +193,24 @@ async def reconcile(state: State, body: dict[str, Any]) -> None:
     await _record(state, body, status, final)
     for change in plan.changes:
         await state.kube.event(body, "Revision", change)
+
+
+async def _refuse(
+    state: State, body: dict[str, Any], status: WorkflowDeploymentStatus, problem: str
+) -> None:
+    """A spec the operator will not apply: say so once, change nothing else (review M5)."""
+    meta = body["metadata"]
+    before = next((c for c in status.conditions if c.type == "SpecAccepted"), None)
+    refusal = condition("SpecAccepted", False, "ReservedEnv", problem)
+    conditions = merge_conditions(status.conditions, [refusal]) + [
+        c for c in status.conditions if c.type != "SpecAccepted"
+    ]
+    await _record(state, body, status, status.model_copy(update={"conditions": conditions}))
+    if before is None or before.status != "False" or before.message != problem:
+        log.warning(
+            "WorkflowDeployment %s/%s refused: %s", meta["namespace"], meta["name"], problem
+        )
+        await state.kube.event(body, "SpecRefused", problem, warning=True)
 
 
 async def _record(

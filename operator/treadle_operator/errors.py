@@ -4,7 +4,9 @@
 
     OperatorError                 anything the operator raises on purpose
     ├── WorldUnavailable          the World a WorkflowDeployment names cannot be reached
-    │   └── WorldSecretMissing    its Secret, or a key in it, does not exist (retried)
+    │   ├── WorldSecretMissing    its Secret, or a key in it, does not exist (retried)
+    │   ├── WorldSecretForbidden  RBAC does not let the operator read that Secret
+    │   └── WorldHostRefused      a URL's host is not in TREADLE_OPERATOR_WORLD_HOSTS
     └── NotConfigured             no cluster: not in a Pod and no usable kubeconfig
 
 Engine errors (``treadle.errors``) pass through unchanged; a run the World
@@ -24,6 +26,14 @@ class WorldUnavailable(OperatorError):
 
 class WorldSecretMissing(WorldUnavailable):
     """The Secret with the World's URLs, or one of its keys, is missing; retried."""
+
+
+class WorldSecretForbidden(WorldUnavailable):
+    """The operator may not read the Secret (its names are limited by RBAC); retried."""
+
+
+class WorldHostRefused(WorldUnavailable):
+    """A World URL names a host outside the operator's allowlist; nothing was connected."""
 
 
 class NotConfigured(OperatorError):

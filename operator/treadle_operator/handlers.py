@@ -35,7 +35,7 @@ def _plain(body: Any) -> dict[str, Any]:
     return plain
 
 
-def configure(settings: kopf.OperatorSettings) -> None:
+def configure(settings: kopf.OperatorSettings, *, namespaced: bool = False) -> None:
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="treadle.dev")
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix="treadle.dev", key="last-handled-configuration"
@@ -46,6 +46,10 @@ def configure(settings: kopf.OperatorSettings) -> None:
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
+    # Serving named namespaces (chart rbac.scope namespace), the operator holds no
+    # cluster-wide right: kopf must not list CRDs or Namespaces, only discover its
+    # resources (allowed to everyone) and watch the namespaces it was given.
+    settings.scanning.disabled = namespaced
 
 
 def build_registry(state: State) -> kopf.OperatorRegistry:
@@ -54,7 +58,7 @@ def build_registry(state: State) -> kopf.OperatorRegistry:
 
     @kopf.on.startup(registry=registry)
     async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
-        configure(settings)
+        configure(settings, namespaced=bool(state.namespaces))
 
     @kopf.on.login(registry=registry)
     async def login(**kwargs: Any) -> kopf.ConnectionInfo | None:

@@ -17,7 +17,7 @@ from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from treadle_operator import models
-from treadle_operator.errors import NotConfigured
+from treadle_operator.errors import NotConfigured, WorldSecretForbidden
 
 log = logging.getLogger("treadle.operator.kube")
 
@@ -78,6 +78,12 @@ class Kube:
         except ApiException as exc:
             if exc.status == 404:
                 return None
+            if exc.status == 403:
+                raise WorldSecretForbidden(
+                    f"the operator may not read Secret {namespace}/{name}: its RBAC allows only "
+                    "the World Secret names of the chart's rbac.worldSecretNames, in the "
+                    "namespaces it serves"
+                ) from None
             raise
         data = found.data or {}
         return {k: base64.b64decode(v).decode() for k, v in data.items()}
@@ -225,6 +231,10 @@ def _template_differs(current: Any, wanted: dict[str, Any]) -> bool:
     """Whether what we set in a pod template differs from what is there (defaults aside)."""
     cur_container = (current.get("spec", {}).get("containers") or [{}])[0]
     want_container = wanted["spec"]["containers"][0]
-    return any(
-        cur_container.get(key) != want_container.get(key) for key in ("image", "args", "command")
-    )
+    # securityContext too: an operator upgrade hardens the workers it already runs.
+    keys = ("image", "args", "command", "securityContext")
+    if (current.get("spec", {}).get("securityContext") or {}) != (
+        wanted["spec"].get("securityContext") or {}
+    ):
+        return True
+    return any(cur_container.get(key) != want_container.get(key) for key in keys)

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import kopf
 
-from treadle_operator import handlers, kube, runs
+from treadle_operator import handlers, kube, runs, worldhosts
 from treadle_operator.settings import OperatorSettings
 from treadle_operator.state import State
 from treadle_operator.sync import StatusSync
@@ -29,8 +29,14 @@ async def run(namespaces: Sequence[str] = ()) -> None:
         logging.getLogger("kopf.activities").setLevel(logging.WARNING)
     client = kube.Kube(await kube.login())
     sync = StatusSync(client)
-    worlds = Worlds(client, on_opened=sync.listen)
-    state = State(settings=settings, kube=client, worlds=worlds, sync=sync)
+    worlds = Worlds(
+        client,
+        on_opened=sync.listen,
+        allowed_hosts=worldhosts.parse(settings.TREADLE_OPERATOR_WORLD_HOSTS),
+    )
+    state = State(
+        settings=settings, kube=client, worlds=worlds, sync=sync, namespaces=tuple(namespaces)
+    )
 
     sync.on_new_run = functools.partial(runs.mirror, state)
     registry = handlers.build_registry(state)

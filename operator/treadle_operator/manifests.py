@@ -4,14 +4,16 @@ Each revision runs ``treadle worker MODULE --role orchestrator`` and ``--role
 steps`` in two apps/v1 Deployments, with the revision's deployment id in
 ``TREADLE_DEPLOYMENT_ID`` (so they consume only that revision's subjects) and
 the World's URLs from the Secret the WorkflowDeployment names. Both are owned
-by the WorkflowDeployment, so deleting it removes them.
+by the WorkflowDeployment, so deleting it removes them. Pods run restricted
+(``podsecurity``: non-root, read-only root with an emptyDir at /tmp, no
+privilege escalation, no capabilities, RuntimeDefault seccomp).
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from treadle_operator import models
+from treadle_operator import models, podsecurity
 from treadle_operator.models import WorkflowDeploymentSpec
 
 Role = Literal["orchestrator", "steps"]
@@ -49,6 +51,12 @@ def owner_reference(name: str, uid: str) -> dict[str, Any]:
 
 
 def worker_env(spec: WorkflowDeploymentSpec, revision: str) -> list[dict[str, Any]]:
+    """The operator's variables, then ``spec.env`` (checked by ``podsecurity.reserved_env``)."""
+    return [*operator_env(spec, revision), *(spec.env or [])]
+
+
+def operator_env(spec: WorkflowDeploymentSpec, revision: str) -> list[dict[str, Any]]:
+    """What the operator sets for every worker; ``spec.env`` may not set these names."""
     secret = spec.world.secret_name
     return [
         {"name": "TREADLE_WORLD", "value": "postgres"},
@@ -61,7 +69,6 @@ def worker_env(spec: WorkflowDeploymentSpec, revision: str) -> list[dict[str, An
             "name": "TREADLE_NATS_URL",
             "valueFrom": {"secretKeyRef": {"name": secret, "key": spec.world.nats_url_key}},
         },
-        *(spec.env or []),
     ]
 
 
@@ -92,6 +99,8 @@ def worker_deployment(
             str(tier.concurrency),
         ],
         "env": worker_env(spec, revision),
+        "securityContext": podsecurity.container_security(spec),
+        "volumeMounts": [{"name": podsecurity.TMP_VOLUME, "mountPath": podsecurity.TMP_PATH}],
     }
     if spec.image_pull_policy is not None:
         container["imagePullPolicy"] = spec.image_pull_policy
@@ -102,9 +111,13 @@ def worker_deployment(
         "containers": [container],
         # `treadle worker` finishes running deliveries on SIGTERM within --grace (30 s).
         "terminationGracePeriodSeconds": 40,
+        "securityContext": podsecurity.pod_security(spec),
+        "volumes": [{"name": podsecurity.TMP_VOLUME, "emptyDir": {}}],
     }
     if spec.service_account_name:
         pod_spec["serviceAccountName"] = spec.service_account_name
+    else:
+        pod_spec["automountServiceAccountToken"] = False
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",

@@ -100,9 +100,26 @@ class WorkflowDeploymentSpec(_Model):
     orchestrator: OrchestratorSpec = OrchestratorSpec()
     steps: StepsSpec = StepsSpec()
     env: list[dict[str, Any]] | None = Field(
-        default=None, description="extra environment for every worker container"
+        default=None,
+        description="extra environment for every worker container; the TREADLE_* variables "
+        "the operator sets (and their _FILE forms) are refused",
     )
-    service_account_name: str | None = None
+    service_account_name: str | None = Field(
+        default=None,
+        description="the workers' ServiceAccount (of this namespace); without one no "
+        "service account token is mounted",
+    )
+    pod_security_context: dict[str, Any] | None = Field(
+        default=None,
+        description="replaces the workers' default pod securityContext (runAsNonRoot, "
+        "seccomp RuntimeDefault) as a whole",
+    )
+    container_security_context: dict[str, Any] | None = Field(
+        default=None,
+        description="replaces the workers' default container securityContext (runAsNonRoot, "
+        "readOnlyRootFilesystem, no privilege escalation, drop ALL, seccomp RuntimeDefault) "
+        "as a whole",
+    )
     revision_history_limit: int = Field(
         default=5, ge=0, le=100, description="how many retired revisions status keeps"
     )

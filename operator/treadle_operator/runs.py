@@ -16,7 +16,6 @@ missing) leave it ``Pending`` with a condition, and are retried.
 from __future__ import annotations
 
 import logging
-import re
 from datetime import UTC, datetime
 from typing import Any
 
@@ -26,7 +25,7 @@ from treadle.client import start_run
 from treadle.sdk import catalogue, functions
 from treadle.world import events, ids
 from treadle.worlds.production import PostgresNatsWorld
-from treadle_operator import models
+from treadle_operator import binding, models
 from treadle_operator.conditions import condition, merge_conditions
 from treadle_operator.errors import WorldUnavailable
 from treadle_operator.models import WorkflowDeploymentSpec, WorkflowRunSpec, WorkflowRunStatus
@@ -36,7 +35,7 @@ log = logging.getLogger("treadle.operator.runs")
 
 PLURAL = "workflowruns"
 MIRRORED = "treadle.dev/mirrored-run"
-STARTED_BY = "treadle.dev/workflowrun"
+STARTED_BY = binding.STARTED_BY
 SPEC_VERSION = 9
 
 
@@ -90,20 +89,30 @@ async def start(state: State, body: dict[str, Any]) -> None:
     status = _status(body)
     if status.phase in models.FINISHED_PHASES:
         return
-    mirrored = (meta.get("annotations") or {}).get(MIRRORED)
-    if mirrored and not status.run_id:
-        status = status.model_copy(update={"run_id": mirrored, "mirrored": True})
-        await _patch(state, body, status)
+    annotated = (meta.get("annotations") or {}).get(MIRRORED)
+    adopting = bool(annotated) and not status.run_id
+    if adopting:
+        status = status.model_copy(update={"run_id": str(annotated), "mirrored": True})
 
     world, wfd = await world_of(state, namespace, spec.deployment)
     if status.run_id:
         try:
-            await world.runs.get(status.run_id)
+            run = await world.runs.get(status.run_id)
         except engine_errors.RunNotFound:
+            if adopting:
+                await refuse(state, body, f"run {status.run_id} does not exist")
+                return
             if status.mirrored or not status.revision:
                 raise
             # Chosen and recorded here, then the handler stopped before the run was.
             await _record_run(state, world, body, spec, status.run_id, status.revision)
+        else:
+            foreign = binding.refusal(run, body, wfd)
+            if foreign is not None:
+                await refuse(state, body, foreign)
+                return
+        if adopting:
+            await _patch(state, body, status)
         state.sync.track(status.run_id, world, body, status)
         return
 
@@ -162,6 +171,26 @@ def started(
     ]
 
 
+async def refuse(state: State, body: dict[str, Any], problem: str) -> None:
+    """End the object ``Failed`` without touching the run it named (review M6)."""
+    meta = body["metadata"]
+    log.warning("WorkflowRun %s/%s refused: %s", meta["namespace"], meta["name"], problem)
+    status = _status(body)
+    refused = status.model_copy(
+        update={
+            "run_id": None,
+            "mirrored": False,
+            "phase": "Failed",
+            "reason": "RunNotOwned",
+            "error": models.RunError(type="RunNotOwned", message=problem),
+            "completed_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "conditions": started(status, False, "RunNotOwned", problem),
+        }
+    )
+    await _patch(state, body, refused)
+    await state.kube.event(body, "RunNotOwned", problem, warning=True)
+
+
 def refusal(served: Any, spec: WorkflowRunSpec, revision: str) -> tuple[str, str] | None:
     """Why this run must not start on ``revision`` (reason, message), or ``None``."""
     if isinstance(served, dict) and spec.workflow not in served:
@@ -205,7 +234,7 @@ async def _record_run(
         deployment_id=revision,
         spec_version=SPEC_VERSION,
         run_id=run_id,
-        attributes={STARTED_BY: f"{meta['namespace']}/{meta['name']}"},
+        attributes=binding.attributes(meta["namespace"], meta["name"], spec.deployment),
     )
     log.info(
         "run %s of %s started on %s for %s/%s",
@@ -224,9 +253,18 @@ async def cancel(state: State, body: dict[str, Any], reason: str) -> None:
         return
     spec = WorkflowRunSpec.model_validate(body.get("spec") or {})
     try:
-        world, _ = await world_of(state, body["metadata"]["namespace"], spec.deployment)
+        world, wfd = await world_of(state, body["metadata"]["namespace"], spec.deployment)
     except NotYet as exc:
         log.warning("cannot cancel run %s: %s", status.run_id, exc)
+        return
+    try:
+        run = await world.runs.get(status.run_id)
+    except engine_errors.RunNotFound:
+        return  # never recorded: nothing to cancel
+    problem = binding.refusal(run, body, wfd)
+    if problem is not None:
+        log.warning("not cancelling run %s: %s", status.run_id, problem)
+        await state.kube.event(body, "CancelRefused", problem, warning=True)
         return
     try:
         await world.events.create(status.run_id, events.RunCancelled(reason=reason), in_band=False)
@@ -248,8 +286,13 @@ async def follow(state: State, body: dict[str, Any]) -> None:
         return
     spec = WorkflowRunSpec.model_validate(body.get("spec") or {})
     try:
-        world, _ = await world_of(state, body["metadata"]["namespace"], spec.deployment)
-    except NotYet:
+        world, wfd = await world_of(state, body["metadata"]["namespace"], spec.deployment)
+        run = await world.runs.get(status.run_id)
+    except (NotYet, engine_errors.RunNotFound):
+        return  # not yet recorded: ``start`` tracks it once it is
+    problem = binding.refusal(run, body, wfd)
+    if problem is not None:
+        await refuse(state, body, problem)
         return
     state.sync.track(status.run_id, world, body, status)
 
@@ -266,12 +309,7 @@ def expired(body: dict[str, Any], now: datetime) -> bool:
     return (now - finished).total_seconds() >= spec.ttl_seconds_after_finished
 
 
-_NAME_JUNK = re.compile(r"[^a-z0-9-]+")
-
-
-def mirror_name(workflow: str, run_id: str) -> str:
-    stem = _NAME_JUNK.sub("-", workflow.lower()).strip("-")[:40] or "run"
-    return f"{stem}-{run_id.removeprefix('wrun_').lower()}"
+mirror_name = binding.mirror_name
 
 
 async def mirror(state: State, world: PostgresNatsWorld, run_id: str) -> None:
@@ -281,7 +319,7 @@ async def mirror(state: State, world: PostgresNatsWorld, run_id: str) -> None:
     except engine_errors.RunNotFound:
         return
     owner = state.owners.get(run.deployment_id)
-    if owner is None or not owner.mirror_runs or STARTED_BY in run.attributes:
+    if owner is None or not owner.mirror_runs or binding.is_bound(run):
         return
     stored = run.input if isinstance(run.input, dict) else {}
     args, kwargs = stored.get("args") or [], stored.get("kwargs") or {}

@@ -27,4 +27,9 @@ class OperatorSettings(BaseSettings):
         le=3600,
         description="delay before a WorkflowRun that cannot start yet is tried again",
     )
+    TREADLE_OPERATOR_WORLD_HOSTS: str = Field(
+        default="",
+        description="comma-separated hosts (host or host:port, '*.suffix' for a domain) the "
+        "operator may connect to as a World; empty: any (see docs/operator-security.md)",
+    )
     TREADLE_LOG_LEVEL: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"

@@ -27,6 +27,7 @@ class State:
     worlds: Worlds
     sync: StatusSync
     owners: dict[str, Owner] = field(default_factory=dict)  # revision id -> its deployment
+    namespaces: tuple[str, ...] = ()  # the namespaces served; empty: every namespace
     _locks: dict[str, asyncio.Lock] = field(default_factory=dict)
 
     def lock(self, uid: str) -> asyncio.Lock:

@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from treadle.worlds.production import PostgresNatsWorld, redact
+from treadle_operator import worldhosts
 from treadle_operator.errors import WorldSecretMissing, WorldUnavailable
 from treadle_operator.kube import Kube
 from treadle_operator.models import WorldRef
@@ -35,8 +36,14 @@ OnOpened = Callable[[WorldUrls, PostgresNatsWorld], Awaitable[None]]
 
 
 class Worlds:
-    def __init__(self, kube: Kube, on_opened: OnOpened | None = None) -> None:
+    def __init__(
+        self,
+        kube: Kube,
+        on_opened: OnOpened | None = None,
+        allowed_hosts: worldhosts.Allowed = worldhosts.ANY,
+    ) -> None:
         self._kube = kube
+        self._allowed_hosts = allowed_hosts
         self._open: dict[WorldUrls, PostgresNatsWorld] = {}
         self._lock = asyncio.Lock()
         self._on_opened = on_opened
@@ -54,6 +61,7 @@ class Worlds:
 
     async def get(self, namespace: str, ref: WorldRef) -> PostgresNatsWorld:
         urls = await self.urls(namespace, ref)
+        worldhosts.check(self._allowed_hosts, urls.database_url, urls.nats_url)
         async with self._lock:
             world = self._open.get(urls)
             if world is not None:

@@ -9,11 +9,12 @@ rendered wrongly:
 - actions ``{{ pipeline }}`` with ``{{-`` / ``-}}`` whitespace trimming and
   ``{{/* comments */}}``;
 - operands: ``.`` and field paths (``.Values.image.tag``, ``.Release.Name``,
-  ``.Chart.AppVersion``), string literals, integers, ``true``/``false``;
+  ``.Chart.AppVersion``), ``$`` (the top-level context, also as ``$.Values...``:
+  no other variables), string literals, integers, ``true``/``false``;
 - pipelines ``a | f x`` (the piped value is the last argument);
 - ``if``/``else``/``end``, ``range`` over a list (``.`` is the element),
   ``define "name"`` and ``include "name" .``;
-- functions ``toYaml``, ``nindent``, ``indent``, ``quote``, ``default``.
+- functions ``toYaml``, ``nindent``, ``indent``, ``quote``, ``default``, ``eq``.
 
 Semantics follow Helm: a missing map key is empty and prints as nothing, emptiness
 decides ``if`` and ``default``, ``toYaml`` drops the trailing newline, and files
@@ -33,7 +34,8 @@ import yaml
 
 ACTION = re.compile(r"\{\{(-(?=\s))?(.*?)((?<=\s)-)?\}\}", re.DOTALL)
 WORD = re.compile(r'"(?:[^"\\]|\\.)*"|\||[^\s|]+')
-FIELD_PATH = re.compile(r"^(\.[A-Za-z_][A-Za-z0-9_]*)+$|^\.$")
+FIELD_PATH = re.compile(r"^\$?(\.[A-Za-z_][A-Za-z0-9_]*)+$|^\.$|^\$$")
+VARIABLE = re.compile(r"\$(?![.\s)]|$)")  # a named variable ($x), outside the subset
 INTEGER = re.compile(r"^-?[0-9]+$")
 
 
@@ -133,7 +135,7 @@ def parse(source: str, file: str) -> list[Node]:
             if not stack:
                 raise TemplateError(f"{where}: end without if/range/define")
             stack.pop()
-        elif keyword in ("with", "template", "block", "break", "continue") or "$" in body:
+        elif keyword in ("with", "template", "block", "break", "continue") or VARIABLE.search(body):
             raise TemplateError(f"{where}: {keyword!r} is outside the supported subset")
         else:
             append(Output(body, where))
@@ -195,8 +197,9 @@ def indent(width: int, text: str) -> str:
 class Renderer:
     """Renders parsed templates against a context (``Values``, ``Release``, ``Chart``)."""
 
-    def __init__(self, definitions: dict[str, Define]) -> None:
+    def __init__(self, definitions: dict[str, Define], root: Any = None) -> None:
         self.definitions = definitions
+        self.root = root  # what ``$`` is
         self.functions: dict[str, Callable[..., Any]] = {
             "toYaml": to_yaml,
             "indent": indent,
@@ -207,6 +210,7 @@ class Renderer:
                 if value is not None
             ),
             "default": lambda fallback, value: fallback if is_empty(value) else value,
+            "eq": lambda left, right: left == right,
             "include": self.include,
         }
 
@@ -274,8 +278,8 @@ class Renderer:
             return int(word)
         if not FIELD_PATH.match(word):
             raise TemplateError(f"{where}: {word!r} is outside the supported subset")
-        value = dot
-        for key in word.split(".")[1:] if word != "." else []:
+        value = self.root if word.startswith("$") else dot
+        for key in word.split(".")[1:] if word not in (".", "$") else []:
             if not isinstance(value, Mapping):
                 raise TemplateError(f"{where}: {word}: nil pointer evaluating .{key}")
             value = value.get(key)
@@ -287,7 +291,7 @@ def render_template(source: str, dot: Any, file: str = "inline") -> str:
     nodes = parse(source, file)
     definitions: dict[str, Define] = {}
     _definitions(nodes, definitions)
-    return Renderer(definitions).render(nodes, dot)
+    return Renderer(definitions, root=dot).render(nodes, dot)
 
 
 def merge_values(base: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
@@ -347,7 +351,7 @@ def render_chart(
             relative = str(path.relative_to(chart))
             parsed[relative] = parse(path.read_text(), relative)
             _definitions(parsed[relative], definitions)
-    renderer = Renderer(definitions)
+    renderer = Renderer(definitions, root=context)
     manifests: list[Manifest] = []
     for relative, nodes in parsed.items():
         if Path(relative).name.startswith("_"):

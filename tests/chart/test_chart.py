@@ -41,7 +41,12 @@ def _one(overrides: dict[str, Any] | None, kind: str) -> dict[str, Any]:
 
 def _normalised(rules: list[dict[str, Any]]) -> list[tuple[tuple[str, ...], ...]]:
     return sorted(
-        (tuple(sorted(r["apiGroups"])), tuple(sorted(r["resources"])), tuple(sorted(r["verbs"])))
+        (
+            tuple(sorted(r["apiGroups"])),
+            tuple(sorted(r["resources"])),
+            tuple(sorted(r["verbs"])),
+            tuple(sorted(r.get("resourceNames") or ())),
+        )
         for r in rules
     )
 
@@ -63,12 +68,66 @@ def test_default_install_renders_the_operator_its_account_and_its_rbac() -> None
 def test_cluster_role_grants_exactly_the_operator_permissions() -> None:
     """The ClusterRole's rules equal treadle_operator.permissions: nothing missing, no extra."""
     role = _one(None, "ClusterRole")
-    expected = [rule.as_manifest() for rule in permissions.OPERATOR_RULES]
+    expected = [rule.as_manifest() for rule in permissions.cluster_rules()]
     assert _normalised(role["rules"]) == _normalised(expected)
     for rule in role["rules"]:
-        assert set(rule) == {"apiGroups", "resources", "verbs"}, rule
+        assert set(rule) <= {"apiGroups", "resources", "verbs", "resourceNames"}, rule
         assert "*" not in rule["apiGroups"] + rule["resources"] + rule["verbs"], rule
     assert "aggregationRule" not in role
+
+
+def test_cluster_scope_reads_only_the_world_secrets_it_is_told() -> None:
+    """Review M5: no `get` on every Secret; only the names in rbac.worldSecretNames."""
+    role = _one(None, "ClusterRole")
+    (secrets,) = [r for r in role["rules"] if "secrets" in r["resources"]]
+    assert secrets == {
+        "apiGroups": [""], "resources": ["secrets"], "verbs": ["get"],
+        "resourceNames": ["treadle-world"],
+    }  # fmt: skip
+    names = ["orders-world", "billing-world"]
+    role = _one({"rbac": {"worldSecretNames": names}}, "ClusterRole")
+    expected = [rule.as_manifest() for rule in permissions.cluster_rules(tuple(names))]
+    assert _normalised(role["rules"]) == _normalised(expected)
+
+
+NAMESPACED = {"rbac": {"scope": "namespace", "namespaces": ["team-a", "team-b"]}}
+
+
+def test_namespace_scope_renders_a_role_per_watched_namespace_and_nothing_cluster_wide() -> None:
+    """Review M5: rbac.scope namespace: Roles and RoleBindings in the watched namespaces only."""
+    kinds = _by_kind(NAMESPACED)
+    assert "ClusterRole" not in kinds and "ClusterRoleBinding" not in kinds
+    roles, bindings = kinds["Role"], kinds["RoleBinding"]
+    assert [r["metadata"]["namespace"] for r in roles] == ["team-a", "team-b"]
+    assert [b["metadata"]["namespace"] for b in bindings] == ["team-a", "team-b"]
+    expected = [rule.as_manifest() for rule in permissions.namespace_rules()]
+    account = kinds["ServiceAccount"][0]["metadata"]["name"]
+    for role, binding in zip(roles, bindings, strict=True):
+        assert _normalised(role["rules"]) == _normalised(expected)
+        assert binding["roleRef"] == {
+            "apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+            "name": role["metadata"]["name"],
+        }  # fmt: skip
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": account, "namespace": "treadle-system"}
+        ]
+        assert role["metadata"]["labels"]["app.kubernetes.io/instance"] == "treadle"
+
+
+def test_namespace_scope_starts_the_operator_with_those_namespaces() -> None:
+    (container,) = _one(NAMESPACED, "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert container["args"] == ["operator", "--namespace", "team-a", "--namespace", "team-b"]
+
+
+def test_world_hosts_reach_the_operator_as_its_allowlist() -> None:
+    """Review L6: worldHosts becomes TREADLE_OPERATOR_WORLD_HOSTS; unset by default."""
+    (container,) = _one(None, "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert all(e["name"] != "TREADLE_OPERATOR_WORLD_HOSTS" for e in container["env"])
+    overrides = {"worldHosts": ["db.internal", "nats.internal:4222"]}
+    (container,) = _one(overrides, "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert {"name": "TREADLE_OPERATOR_WORLD_HOSTS", "value": "db.internal,nats.internal:4222,"} in (
+        container["env"]
+    )
 
 
 def test_binding_gives_the_role_to_the_operator_service_account() -> None:
@@ -185,8 +244,21 @@ def test_default_values_validate_against_the_schema() -> None:
         ({"image": {"pullPolicy": "Sometimes"}}, "Sometimes"),
         ({"world": {"create": True, "natsUrl": "nats://n:4222"}}, "databaseUrl"),
         ({"serviceAccount": {"create": False}}, "name"),
+        ({"rbac": {"scope": "namespaces"}}, "namespaces"),
+        ({"rbac": {"scope": "namespace"}}, "namespaces"),
+        ({"rbac": {"worldSecretNames": []}}, "worldSecretNames"),
     ],
-    ids=["unknown-key", "install-not-bool", "log-level", "pull-policy", "world-url", "no-sa"],
+    ids=[
+        "unknown-key",
+        "install-not-bool",
+        "log-level",
+        "pull-policy",
+        "world-url",
+        "no-sa",
+        "scope",
+        "no-namespaces",
+        "no-secret-names",
+    ],
 )
 def test_schema_rejects_bad_values(overrides: dict[str, Any], names: str) -> None:
     """A wrong value is refused by values.schema.json, and the error names it."""
@@ -209,6 +281,11 @@ def test_renderer_follows_go_template_semantics() -> None:
     dot = {"x": 0, "l": [1, "z"], "n": "v"}
     rendered = render.render_template(source, dot)
     assert rendered == 'a: b no\n[1][z]-\nd "v" "true" v\n\n  P=v\nend'
+    # `$` is the top-level context inside a range; eq compares.
+    source = '{{ range .l }}{{ . }}/{{ $.n }}{{ include "p" $.n }} {{ end }}'
+    source += '{{ if eq .n "v" }}eq{{ end }}'
+    source += '{{- define "p" }}P={{ . }}{{ end }}'
+    assert render.render_template(source, dot) == "1/vP=v z/vP=v eq"
 
 
 def test_renderer_refuses_what_is_outside_the_subset(tmp_path: Path) -> None:
@@ -234,8 +311,10 @@ def _helm(*argv: str) -> subprocess.CompletedProcess[str]:
         {"world": WORLD},
         {"crds": {"install": False}},
         {"serviceAccount": {"create": False, "name": "x"}},
+        NAMESPACED,
+        {"worldHosts": ["db.internal"]},
     ],
-    ids=["defaults", "world-secret", "no-crds", "own-account"],
+    ids=["defaults", "world-secret", "no-crds", "own-account", "namespaced", "world-hosts"],
 )
 def test_helm_lint_and_template_agree_with_the_renderer(
     overrides: dict[str, Any], tmp_path: Path

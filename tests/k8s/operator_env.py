@@ -41,20 +41,27 @@ CHART = Path(__file__).resolve().parents[2] / "charts" / "treadle"
 IDENTITY_KINDS = ("Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding")
 
 
-def chart_identity(kube: Kube, directory: Path) -> Path:
+def chart_identity(
+    kube: Kube,
+    directory: Path,
+    overrides: dict[str, Any] | None = None,
+    release_ns: str = "treadle-system",
+) -> Path:
     """A kubeconfig for the operator as the Helm chart installs it, and nothing more.
 
-    Creates the chart's ServiceAccount, ClusterRole and ClusterRoleBinding (rendered
-    from ``charts/treadle``), asks the API server for a token of that account
-    (TokenRequest) and writes a kubeconfig using it: every scenario then also
-    checks that the chart's least-privilege RBAC is enough.
+    Creates the chart's ServiceAccount and its RBAC (a ClusterRole and binding, or
+    with ``rbac.scope: namespace`` in ``overrides`` a Role and RoleBinding per watched
+    namespace), rendered from ``charts/treadle``, asks the API server for a token of
+    that account (TokenRequest) and writes a kubeconfig using it: every scenario then
+    also checks that the chart's least-privilege RBAC is enough.
     """
     from ..chart.render import render_chart
 
-    release_ns = "treadle-system"
     kube.rest.create("/api/v1/namespaces", {"metadata": {"name": release_ns}})
     account = ""
-    for manifest in render_chart(CHART, {"crds": {"install": False}}, namespace=release_ns):
+    values = {"crds": {"install": False}, **(overrides or {})}
+    rbac = "/apis/rbac.authorization.k8s.io/v1"
+    for manifest in render_chart(CHART, values, namespace=release_ns):
         body = manifest.body
         kind = body["kind"]
         if kind == "ServiceAccount":
@@ -64,6 +71,9 @@ def chart_identity(kube: Kube, directory: Path) -> Path:
             kube.rest.create("/apis/rbac.authorization.k8s.io/v1/clusterroles", body)
         elif kind == "ClusterRoleBinding":
             kube.rest.create("/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", body)
+        elif kind in ("Role", "RoleBinding"):
+            plural = "roles" if kind == "Role" else "rolebindings"
+            kube.rest.create(f"{rbac}/namespaces/{body['metadata']['namespace']}/{plural}", body)
     assert account, "the chart renders a ServiceAccount"
     issued = kube.rest.create(
         f"/api/v1/namespaces/{release_ns}/serviceaccounts/{account}/token",
@@ -77,7 +87,7 @@ def chart_identity(kube: Kube, directory: Path) -> Path:
         "users": [{"name": "operator", "user": {"token": issued["status"]["token"]}}],
         "contexts": [{"name": "operator", "context": {"cluster": "test", "user": "operator"}}],
     }  # fmt: skip
-    path = directory / "operator-kubeconfig"
+    path = directory / f"operator-kubeconfig-{release_ns}"
     path.write_text(json.dumps(config))
     return path
 
@@ -89,12 +99,14 @@ class OperatorProcess:
     log_path: Path
     kubeconfig: Path
     proc: subprocess.Popen[bytes] | None = None
+    also: tuple[str, ...] = ()  # more namespaces to serve
 
     def start(self) -> None:
         env = {**os.environ, **POD_ENV, **FAST, "KUBECONFIG": str(self.kubeconfig)}
+        served = [arg for ns in (self.namespace, *self.also) for arg in ("--namespace", ns)]
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "treadle.cli", "operator", "--namespace", self.namespace],
+                [sys.executable, "-m", "treadle.cli", "operator", *served],
                 env=env, stdout=log, stderr=subprocess.STDOUT,
             )  # fmt: skip
 
@@ -134,9 +146,9 @@ class Shop:
         base = f"{API}/namespaces/{self.namespace}/{plural}"
         return f"{base}/{name}" if name else base
 
-    def secret(self, name: str = "treadle-world") -> None:
+    def secret(self, name: str = "treadle-world", namespace: str | None = None) -> None:
         self.kube.rest.create(
-            f"/api/v1/namespaces/{self.namespace}/secrets",
+            f"/api/v1/namespaces/{namespace or self.namespace}/secrets",
             {"metadata": {"name": name},
              "stringData": {"database-url": self.database_url, "nats-url": self.nats_url}},
         )  # fmt: skip

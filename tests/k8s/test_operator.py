@@ -104,7 +104,9 @@ def test_a_deployment_starts_its_workers_and_a_run_completes_with_status_synced(
     wfd = shop.wfd()
     assert [r["phase"] for r in wfd["status"]["revisions"]] == ["Active"]
     conditions = {c["type"]: c["status"] for c in wfd["status"]["conditions"]}
-    assert conditions == {"WorldReachable": "True", "Ready": "True", "WorkersHealthy": "True"}
+    assert conditions == {
+        "SpecAccepted": "True", "WorldReachable": "True", "Ready": "True", "WorkersHealthy": "True"
+    }  # fmt: skip
     pods = _worker_pods(shop, revision)
     assert {p["metadata"]["labels"]["treadle.dev/role"] for p in pods} == {  # type: ignore[index]
         "orchestrator",

@@ -31,3 +31,36 @@ app.kubernetes.io/managed-by: Helm
 {{ include "treadle.fullname" . }}
 {{- end }}
 {{- end }}
+
+{{/*
+The operator's rules on namespaced resources (treadle_operator.permissions.
+namespace_rules): the ClusterRole's and each namespace's Role's. Secrets: get, by
+name only (rbac.worldSecretNames).
+*/}}
+{{- define "treadle.namespacedRules" -}}
+- apiGroups: ["treadle.dev"]
+  resources: ["workflowdeployments", "workflowruns"]
+  verbs: ["get", "list", "watch", "patch", "create", "delete"]
+- apiGroups: ["treadle.dev"]
+  resources: ["workflowdeployments/status", "workflowruns/status"]
+  verbs: ["get", "patch"]
+- apiGroups: ["apps"]
+  resources: ["deployments"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["get", "list", "watch"]
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["get"]
+  resourceNames:
+    {{- toYaml .Values.rbac.worldSecretNames | nindent 4 }}
+{{- end }}
+
+{{/* worldHosts as the comma-separated TREADLE_OPERATOR_WORLD_HOSTS. */}}
+{{- define "treadle.worldHosts" -}}
+{{- range .Values.worldHosts }}{{ . }},{{ end }}
+{{- end }}
