@@ -13,6 +13,7 @@ import json
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from treadle import payloads
 from treadle.world import events, records
 from treadle_operator.models import RunError, RunPhase, StepCounts, WorkflowRunStatus
 
@@ -93,7 +94,9 @@ def status_of(
     steps = view.steps
     output = None
     if run.status == "completed":
-        output = truncate(json.dumps(run.output, separators=(",", ":")), OUTPUT_LIMIT)
+        # Encrypted values show as "<encrypted>" unless this operator holds the key.
+        shown = payloads.display(run.output)
+        output = truncate(json.dumps(shown, separators=(",", ":")), OUTPUT_LIMIT)
     error = None
     if run.error is not None:
         error = RunError(type=run.error.type, message=truncate(run.error.message, ERROR_LIMIT))

@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from treadle import errors as engine_errors
-from treadle import limits
+from treadle import limits, payloads
 from treadle.client import start_run
 from treadle.sdk import catalogue, functions
 from treadle.world import events, ids
@@ -66,9 +66,13 @@ async def world_of(
         raise NotYet("DeploymentNotFound", f"WorkflowDeployment {namespace}/{deployment} not found")
     spec = WorkflowDeploymentSpec.model_validate(wfd.get("spec") or {})
     try:
-        return await state.worlds.get(namespace, spec.world), wfd
+        world = await state.worlds.get(namespace, spec.world)
+        # Inputs are encoded (and checked) under the deployment's own payload keys, in
+        # this handler's task: encrypted as its workers encrypt, never stored plaintext.
+        payloads.use(await state.worlds.payload_keys(namespace, spec.world))
     except WorldUnavailable as exc:
         raise NotYet("WorldUnavailable", str(exc)) from exc
+    return world, wfd
 
 
 def arguments(value: Any) -> tuple[list[Any], dict[str, Any]] | str:

@@ -7,6 +7,8 @@ pydantic models and dataclasses (rebuilt by import path), and dicts with
 non-string keys or a ``$t`` key of their own. Anything else raises
 ``SerializationError`` naming where in the value it sits (``order.items[2]``),
 and so does a value over ``treadle.limits`` (depth, size, NUL characters).
+With a payload key set, ``encode`` seals the whole value (``treadle.payloads``) and
+``decode`` opens it.
 
 Called by the SDK (arguments and results) and the orchestrator (what it writes).
 """
@@ -24,7 +26,7 @@ from typing import Any
 
 from pydantic import BaseModel, JsonValue
 
-from treadle import errors
+from treadle import errors, payloads
 from treadle import limits as lim
 
 TAG = "$t"
@@ -57,8 +59,9 @@ def encode(
     limits = limits or lim.active()
     data = _encode(value, path, 0, limits)
     if sized:
-        lim.check_size(data, path, limits)
-    return data
+        lim.check_size(data, path, limits)  # the value's own size, before any encryption
+    ring = payloads.active()
+    return data if ring is None else payloads.seal(data, ring)
 
 
 def _encode(value: Any, path: str, depth: int, limits: lim.Limits) -> JsonValue:
@@ -166,6 +169,8 @@ def decode(data: JsonValue) -> Any:
         return {k: decode(v) for k, v in data.items()}
     v = data.get("v")
     match tag:
+        case payloads.TAG if "kid" in data:
+            return decode(payloads.open_(data, payloads.active()))
         case "float":
             return float(str(v))
         case "dict":
