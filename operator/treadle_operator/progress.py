@@ -87,7 +87,11 @@ def truncate(text: str, limit: int) -> str:
 
 
 def status_of(
-    run: records.RunRecord, view: RunView, current: WorkflowRunStatus
+    run: records.RunRecord,
+    view: RunView,
+    current: WorkflowRunStatus,
+    *,
+    keys: payloads.KeyRing | None = None,
 ) -> WorkflowRunStatus:
     """The WorkflowRun status for this run now (what the object already says, updated)."""
     phase = PHASES[run.status]
@@ -95,7 +99,7 @@ def status_of(
     output = None
     if run.status == "completed":
         # Encrypted values show as "<encrypted>" unless this operator holds the key.
-        shown = payloads.display(run.output)
+        shown = payloads.display(run.output, keys)
         output = truncate(json.dumps(shown, separators=(",", ":")), OUTPUT_LIMIT)
     error = None
     if run.error is not None:

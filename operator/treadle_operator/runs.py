@@ -108,7 +108,7 @@ async def start(state: State, body: dict[str, Any]) -> None:
                 raise
             # Chosen and recorded here, then the handler stopped before the run was.
             await _record_run(state, world, body, spec, status.run_id, status.revision)
-        state.sync.track(status.run_id, world, body, status)
+        state.sync.track(status.run_id, world, body, status, payloads.active())
         return
 
     if spec.cancel:
@@ -154,7 +154,7 @@ async def start(state: State, body: dict[str, Any]) -> None:
     await _patch(state, body, chosen)
     await _record_run(state, world, body, spec, run_id, revision)
     await state.kube.event(body, "Started", f"run {run_id} started on revision {revision}")
-    state.sync.track(run_id, world, body, chosen)
+    state.sync.track(run_id, world, body, chosen, payloads.active())
 
 
 def started(
@@ -255,7 +255,7 @@ async def follow(state: State, body: dict[str, Any]) -> None:
         world, _ = await world_of(state, body["metadata"]["namespace"], spec.deployment)
     except NotYet:
         return
-    state.sync.track(status.run_id, world, body, status)
+    state.sync.track(status.run_id, world, body, status, payloads.active())
 
 
 def expired(body: dict[str, Any], now: datetime) -> bool:

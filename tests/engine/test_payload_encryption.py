@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+
 from treadle import Hook, payloads
 from treadle.world import events
 
