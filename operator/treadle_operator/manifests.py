@@ -69,6 +69,16 @@ def operator_env(spec: WorkflowDeploymentSpec, revision: str) -> list[dict[str, 
             "name": "TREADLE_NATS_URL",
             "valueFrom": {"secretKeyRef": {"name": secret, "key": spec.world.nats_url_key}},
         },
+        {  # payload encryption at rest, when the World Secret carries keys
+            "name": "TREADLE_PAYLOAD_KEY",
+            "valueFrom": {
+                "secretKeyRef": {
+                    "name": secret,
+                    "key": spec.world.payload_key_key,
+                    "optional": True,
+                }
+            },
+        },
     ]
 
 

@@ -61,6 +61,12 @@ class WorldRef(_Model):
         default="database-url", min_length=1, description="key of the PostgreSQL URL"
     )
     nats_url_key: str = Field(default="nats-url", min_length=1, description="key of the NATS URL")
+    payload_key_key: str = Field(
+        default="payload-key",
+        min_length=1,
+        description="key of the payload encryption keys (TREADLE_PAYLOAD_KEY), if the Secret "
+        "has it: workers get it, and the operator encrypts WorkflowRun inputs with it",
+    )
 
 
 class Autoscale(_Model):

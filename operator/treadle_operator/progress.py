@@ -13,6 +13,7 @@ import json
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from treadle import payloads
 from treadle.world import events, records
 from treadle_operator.models import RunError, RunPhase, StepCounts, WorkflowRunStatus
 
@@ -86,14 +87,20 @@ def truncate(text: str, limit: int) -> str:
 
 
 def status_of(
-    run: records.RunRecord, view: RunView, current: WorkflowRunStatus
+    run: records.RunRecord,
+    view: RunView,
+    current: WorkflowRunStatus,
+    *,
+    keys: payloads.KeyRing | None = None,
 ) -> WorkflowRunStatus:
     """The WorkflowRun status for this run now (what the object already says, updated)."""
     phase = PHASES[run.status]
     steps = view.steps
     output = None
     if run.status == "completed":
-        output = truncate(json.dumps(run.output, separators=(",", ":")), OUTPUT_LIMIT)
+        # Encrypted values show as "<encrypted>" unless this operator holds the key.
+        shown = payloads.display(run.output, keys)
+        output = truncate(json.dumps(shown, separators=(",", ":")), OUTPUT_LIMIT)
     error = None
     if run.error is not None:
         error = RunError(type=run.error.type, message=truncate(run.error.message, ERROR_LIMIT))

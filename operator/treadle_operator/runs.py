@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from treadle import errors as engine_errors
-from treadle import limits
+from treadle import limits, payloads
 from treadle.client import start_run
 from treadle.sdk import catalogue, functions
 from treadle.world import events, ids
@@ -65,9 +65,13 @@ async def world_of(
         raise NotYet("DeploymentNotFound", f"WorkflowDeployment {namespace}/{deployment} not found")
     spec = WorkflowDeploymentSpec.model_validate(wfd.get("spec") or {})
     try:
-        return await state.worlds.get(namespace, spec.world), wfd
+        world = await state.worlds.get(namespace, spec.world)
+        # Inputs are encoded (and checked) under the deployment's own payload keys, in
+        # this handler's task: encrypted as its workers encrypt, never stored plaintext.
+        payloads.use(await state.worlds.payload_keys(namespace, spec.world))
     except WorldUnavailable as exc:
         raise NotYet("WorldUnavailable", str(exc)) from exc
+    return world, wfd
 
 
 def arguments(value: Any) -> tuple[list[Any], dict[str, Any]] | str:
@@ -113,7 +117,7 @@ async def start(state: State, body: dict[str, Any]) -> None:
                 return
         if adopting:
             await _patch(state, body, status)
-        state.sync.track(status.run_id, world, body, status)
+        state.sync.track(status.run_id, world, body, status, payloads.active())
         return
 
     if spec.cancel:
@@ -159,7 +163,7 @@ async def start(state: State, body: dict[str, Any]) -> None:
     await _patch(state, body, chosen)
     await _record_run(state, world, body, spec, run_id, revision)
     await state.kube.event(body, "Started", f"run {run_id} started on revision {revision}")
-    state.sync.track(run_id, world, body, chosen)
+    state.sync.track(run_id, world, body, chosen, payloads.active())
 
 
 def started(
@@ -294,7 +298,7 @@ async def follow(state: State, body: dict[str, Any]) -> None:
     if problem is not None:
         await refuse(state, body, problem)
         return
-    state.sync.track(status.run_id, world, body, status)
+    state.sync.track(status.run_id, world, body, status, payloads.active())
 
 
 def expired(body: dict[str, Any], now: datetime) -> bool:

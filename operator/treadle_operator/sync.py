@@ -29,6 +29,7 @@ from typing import Any
 import asyncpg
 
 from treadle import errors as engine_errors
+from treadle import payloads
 from treadle.worlds.postgres.feed import CHANNEL
 from treadle.worlds.production import PostgresNatsWorld
 from treadle_operator import models
@@ -53,6 +54,7 @@ class Tracked:
     status: WorkflowRunStatus
     view: RunView = field(default_factory=RunView)
     body: dict[str, Any] = field(default_factory=dict)
+    keys: payloads.KeyRing | None = None  # the deployment's payload keys, to show output
 
 
 class StatusSync:
@@ -74,12 +76,15 @@ class StatusSync:
         world: PostgresNatsWorld,
         body: dict[str, Any],
         status: WorkflowRunStatus,
+        keys: payloads.KeyRing | None = None,
     ) -> None:
         """Keep this WorkflowRun's status in step with ``run_id`` (refreshing it now)."""
         meta = body.get("metadata", {})
         known = self._runs.get(run_id)
         if known is None:
-            self._runs[run_id] = Tracked(meta["namespace"], meta["name"], world, status, body=body)
+            self._runs[run_id] = Tracked(
+                meta["namespace"], meta["name"], world, status, body=body, keys=keys
+            )
             self.poke(run_id)
         else:
             known.body = body
@@ -207,7 +212,7 @@ class StatusSync:
             run = await world.runs.get(run_id)
         except engine_errors.RunNotFound:
             return
-        status = status_of(run, tracked.view, tracked.status)
+        status = status_of(run, tracked.view, tracked.status, keys=tracked.keys)
         if status == tracked.status:
             return
         before = tracked.status.phase

@@ -14,6 +14,8 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from treadle import errors as engine_errors
+from treadle import payloads
 from treadle.worlds.production import PostgresNatsWorld, redact
 from treadle_operator import worldhosts
 from treadle_operator.errors import WorldSecretMissing, WorldUnavailable
@@ -58,6 +60,19 @@ class Worlds:
                 f"Secret {namespace}/{ref.secret_name} has no key {', '.join(missing)}"
             )
         return WorldUrls(data[ref.database_url_key], data[ref.nats_url_key])
+
+    async def payload_keys(self, namespace: str, ref: WorldRef) -> payloads.KeyRing | None:
+        """The payload keys the World Secret carries (its workers' TREADLE_PAYLOAD_KEY)."""
+        data = await self._kube.secret(namespace, ref.secret_name)
+        text = (data or {}).get(ref.payload_key_key)
+        if not text:
+            return None
+        try:
+            return payloads.KeyRing.parse(
+                text, setting=f"Secret {namespace}/{ref.secret_name} key {ref.payload_key_key}"
+            )
+        except engine_errors.SettingsError as exc:
+            raise WorldSecretMissing(str(exc)) from None
 
     async def get(self, namespace: str, ref: WorldRef) -> PostgresNatsWorld:
         urls = await self.urls(namespace, ref)

@@ -17,7 +17,7 @@ from typing import Any, ParamSpec, TypeVar, overload
 
 from pydantic import BaseModel, JsonValue
 
-from treadle import clock, errors, hookresume, limits, serde, settings
+from treadle import clock, errors, hookresume, limits, payloads, serde, settings
 from treadle.orchestrator import compat
 from treadle.orchestrator.runtime import Runtime
 from treadle.orchestrator.worker import Role, Worker
@@ -74,6 +74,7 @@ class Run:
             while True:
                 run = await world.runs.get(self.run_id)
                 if run.is_terminal:
+                    self.app.use_payload_keys()
                     return _outcome(run)
                 remaining = None if deadline is None else deadline - clock.monotonic()
                 if remaining is not None and remaining <= 0:
@@ -190,6 +191,13 @@ def _outcome(run: records.RunRecord) -> Any:
     raise errors.RunFailedError(run.run_id, error.message, error_type=error.type)
 
 
+class _Unread:
+    """Not read from the settings yet."""
+
+
+_UNREAD = _Unread()
+
+
 class Workflows:
     """A registry of workflows and steps, and the client of one World."""
 
@@ -206,6 +214,7 @@ class Workflows:
         self._world: contract.World | None = None
         self._want_worker = worker
         self._settings = settings_
+        self._payload_keys: payloads.KeyRing | _Unread | None = _UNREAD
         self._worker: Worker | None = None
         self._open_lock = asyncio.Lock()
 
@@ -286,6 +295,18 @@ class Workflows:
         if self._settings is None:
             self._settings = settings.load()
         return self._settings
+
+    @property
+    def payload_keys(self) -> payloads.KeyRing | None:
+        """The keys values are encrypted with at rest (TREADLE_PAYLOAD_KEY), or None."""
+        if self._payload_keys is _UNREAD:
+            self._payload_keys = payloads.KeyRing.from_settings(self.settings)
+        assert not isinstance(self._payload_keys, _Unread)
+        return self._payload_keys
+
+    def use_payload_keys(self) -> None:
+        """Encode and decode in the current task under this app's payload keys."""
+        payloads.use(self.payload_keys)
 
     @property
     def limits(self) -> limits.Limits:
@@ -378,6 +399,7 @@ class Workflows:
         """Start a run of ``workflow`` with these arguments; returns at once."""
         name = workflow if isinstance(workflow, str) else workflow.name
         self.get_workflow(name)
+        self.use_payload_keys()
         data = functions.encode_arguments(args, kwargs, f"workflow {name}", limits_=self.limits)
         return await self.start_encoded(name, data)
 
@@ -419,6 +441,7 @@ class Workflows:
         world = await self.world()
         hook = await world.hooks.get_by_token(token)
         compat.require_known_format(await world.runs.get(hook.run_id))
+        self.use_payload_keys()
         data = serde.encode(
             payload.model_dump(mode="json") if isinstance(payload, BaseModel) else payload,
             "hook payload",

@@ -7,7 +7,9 @@ its message names them too::
     TreadleError
     ├── SettingsError                 a bad setting value (names the setting)
     ├── SerializationError            a value cannot cross the event log (names where)
-    │   └── ValueLimitExceeded        over a limit of ``treadle.limits`` (names the setting)
+    │   ├── ValueLimitExceeded        over a limit of ``treadle.limits`` (names the setting)
+    │   ├── PayloadKeyMissing         an encrypted value's key id is not held here
+    │   └── PayloadDecryptionFailed   an encrypted value does not authenticate
     ├── WorkflowError                 about workflow or step code and its runs
     │   ├── FatalError                raised by a step: fail it now, no retry
     │   ├── RetryableError            raised by a step: retry (after retry_after)
@@ -66,6 +68,22 @@ class SerializationError(TreadleError):
         super().__init__(f"{path}: {reason}")
         self.path = path
         self.reason = reason
+
+
+class PayloadKeyMissing(SerializationError):
+    """An encrypted value names a key id this process does not hold (TREADLE_PAYLOAD_KEY)."""
+
+    def __init__(self, path: str, kid: str) -> None:
+        super().__init__(
+            path,
+            f"the value is encrypted under key {kid!r}, which TREADLE_PAYLOAD_KEY does not "
+            "hold here (add that key, after the one that encrypts)",
+        )
+        self.kid = kid
+
+
+class PayloadDecryptionFailed(SerializationError):
+    """An encrypted value does not open: tampered, truncated, or relabelled."""
 
 
 class ValueLimitExceeded(SerializationError):

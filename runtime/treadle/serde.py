@@ -10,6 +10,8 @@ the app's modules, ``treadle.register_types``); decoding never imports or calls
 a name the data holds, and encoding refuses a class that would not decode. Anything else raises
 ``SerializationError`` naming where in the value it sits (``order.items[2]``),
 and so does a value over ``treadle.limits`` (depth, size, NUL characters).
+With a payload key set, ``encode`` seals the whole value (``treadle.payloads``) and
+``decode`` opens it.
 
 Called by the SDK (arguments and results), the replay engine (step results and
 hook payloads), the client (outputs) and the orchestrator (what it writes).
@@ -28,7 +30,7 @@ from typing import Any
 
 from pydantic import BaseModel, JsonValue, ValidationError
 
-from treadle import errors
+from treadle import errors, payloads
 from treadle import limits as lim
 from treadle import serde_registry as registry
 
@@ -69,8 +71,9 @@ def encode(
     limits = limits or lim.active()
     data = _encode(value, path, 0, limits)
     if sized:
-        lim.check_size(data, path, limits)
-    return data
+        lim.check_size(data, path, limits)  # the value's own size, before any encryption
+    ring = payloads.active()
+    return data if ring is None else payloads.seal(data, ring)
 
 
 def _encode(value: Any, path: str, depth: int, limits: lim.Limits) -> JsonValue:
@@ -227,6 +230,8 @@ def _items(tag: str, v: JsonValue) -> list[Any]:
 def _decode_tagged(tag: object, data: dict[str, JsonValue]) -> Any:
     v = data.get("v")
     match tag:
+        case payloads.TAG if "kid" in data:
+            return _decode(payloads.open_(data, payloads.active()))
         case "float":
             return float(str(v))
         case "dict":

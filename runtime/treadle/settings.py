@@ -134,6 +134,36 @@ class Settings(BaseSettings):
         description="A file holding TREADLE_NATS_URL (a mounted secret); read at start.",
     )
 
+    TREADLE_PAYLOAD_KEY: SecretStr | None = Field(
+        default=None,
+        description="Encrypt values at rest (AES-256-GCM): <key id>:<base64 32-byte key>, "
+        "comma separated; the first encrypts, all decrypt (rotation). `treadle payload-key` "
+        "makes one. Never logged.",
+    )
+    TREADLE_PAYLOAD_KEY_FILE: str | None = Field(
+        default=None,
+        description="A file holding TREADLE_PAYLOAD_KEY (a mounted secret), one key a line.",
+    )
+
+    def payload_keys(self) -> str | None:
+        """``TREADLE_PAYLOAD_KEY``, or the whole file ``TREADLE_PAYLOAD_KEY_FILE`` names."""
+        value = self.TREADLE_PAYLOAD_KEY
+        if value is not None and value.get_secret_value().strip():
+            return value.get_secret_value()
+        path = self.TREADLE_PAYLOAD_KEY_FILE
+        if not path:
+            return None
+        try:
+            with open(path) as secret:
+                text = secret.read().strip()
+        except OSError as exc:
+            raise errors.SettingsError(
+                f"TREADLE_PAYLOAD_KEY_FILE={path!r} cannot be read: {exc.strerror}"
+            ) from None
+        if not text:
+            raise errors.SettingsError(f"TREADLE_PAYLOAD_KEY_FILE={path!r} is empty")
+        return text
+
     def secret_url(self, name: str) -> str | None:
         """``NAME``, or the first line of the file ``NAME_FILE`` names (never logged)."""
         value = getattr(self, name)

@@ -146,12 +146,15 @@ class Shop:
         base = f"{API}/namespaces/{self.namespace}/{plural}"
         return f"{base}/{name}" if name else base
 
-    def secret(self, name: str = "treadle-world", namespace: str | None = None) -> None:
+    def secret(
+        self, name: str = "treadle-world", namespace: str | None = None, **extra: str
+    ) -> None:
+        """The World's Secret; ``extra`` adds keys (``**{"payload-key": ...}``)."""
+        data = {"database-url": self.database_url, "nats-url": self.nats_url, **extra}
         self.kube.rest.create(
             f"/api/v1/namespaces/{namespace or self.namespace}/secrets",
-            {"metadata": {"name": name},
-             "stringData": {"database-url": self.database_url, "nats-url": self.nats_url}},
-        )  # fmt: skip
+            {"metadata": {"name": name}, "stringData": data},
+        )
 
     def deploy(self, name: str, image: str, **spec: Any) -> dict[str, Any]:
         body = {

@@ -11,6 +11,7 @@ deleting, roll out a new image under a sleeping run, restart the operator.
 from __future__ import annotations
 
 import asyncio
+import base64
 import itertools
 import json
 from collections.abc import Callable, Iterator
@@ -389,3 +390,24 @@ def condition_of(shop: Shop, name: str, kind: str) -> dict[str, str] | None:
     found = [c for c in (shop.wfd(name).get("status") or {}).get("conditions", [])
              if c["type"] == kind]  # fmt: skip
     return found[0] if found else None
+
+
+def test_a_world_secret_with_payload_keys_encrypts_runs_started_from_kubectl(
+    shop_factory: Callable[[], Shop],
+) -> None:
+    """Issue 16 item 4: the Secret's ``payload-key`` reaches the workers and the operator.
+    The WorkflowRun's input is sealed before it is stored (a CLI without the key sees
+    ``<encrypted>``), the run completes on the workers, and the operator, holding the
+    deployment's key, shows the output in the status."""
+    shop = shop_factory()
+    key = "ops1:" + base64.b64encode(bytes(range(7, 39))).decode()
+    shop.secret(**{"payload-key": key})
+    shop.operator.start()
+    shop.deploy(shop.deployment, "shop:1")
+    shop.latest()
+    shop.start("sealed", "greet", {"name": "Kerguelen"})
+    status = shop.phase("sealed", "Completed")
+    assert json.loads(status["output"]) == {"hello": "Kerguelen", "image": "shop:1"}
+    stored = shop.world_run(status["runId"])  # read by a CLI without the key
+    assert stored["input"] == {"args": [], "kwargs": {"name": "<encrypted>"}}
+    assert stored["output"] == "<encrypted>"

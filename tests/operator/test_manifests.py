@@ -32,3 +32,19 @@ def test_a_revision_runs_its_own_image_and_deployment_id() -> None:
         "treadle.dev/revision": "orders-abc123",
         "treadle.dev/role": "steps",
     }
+
+
+def test_workers_get_the_payload_keys_from_the_world_secret_when_it_has_them() -> None:
+    """Issue 16 item 4: TREADLE_PAYLOAD_KEY from the World Secret's ``payload-key``, optional
+    (a Secret without it leaves the variable unset, so values are stored unencrypted)."""
+    spec = WorkflowDeploymentSpec.model_validate({"image": "img:1", "module": "orders.app"})
+    made = manifests.worker_deployment(
+        owner="orders", owner_uid="u", namespace="ns", revision="orders-abc123",
+        image="img:1", module="orders.app", spec=spec, role="orchestrator", replicas=1,
+    )  # fmt: skip
+    env = {e["name"]: e for e in made["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["TREADLE_PAYLOAD_KEY"]["valueFrom"]["secretKeyRef"] == {
+        "name": "treadle-world",
+        "key": "payload-key",
+        "optional": True,
+    }

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import base64
 from datetime import UTC, datetime
 
+from treadle import payloads
 from treadle.world import events, records
 from treadle_operator.models import WorkflowRunStatus
 from treadle_operator.progress import OUTPUT_LIMIT, RunView, status_of
@@ -52,3 +54,12 @@ def test_output_is_truncated_json() -> None:
     assert done.output is not None and len(done.output) == OUTPUT_LIMIT
     assert done.output.endswith("... (truncated)")
     assert done.waiting_on == []
+
+
+def test_an_encrypted_output_shows_only_to_an_operator_holding_its_key() -> None:
+    """Issue 16 item 4: status.output opens with the deployment's keys, else "<encrypted>"."""
+    ring = payloads.KeyRing.parse("k1:" + base64.b64encode(bytes(32)).decode())
+    sealed = payloads.seal({"total": 42}, ring)
+    run = _run("completed", output=sealed)
+    assert status_of(run, RunView(), WorkflowRunStatus(), keys=ring).output == '{"total":42}'
+    assert status_of(run, RunView(), WorkflowRunStatus()).output == '"<encrypted>"'

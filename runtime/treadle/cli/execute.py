@@ -9,7 +9,7 @@ import signal
 import time
 from collections import Counter
 
-from treadle import errors
+from treadle import errors, payloads
 from treadle.cli import common, output
 from treadle.cli.targets import load_app, load_target
 from treadle.client import Workflows
@@ -91,7 +91,7 @@ def _report(args: argparse.Namespace, run: records.RunRecord) -> int:
     if args.json:
         data: dict[str, object] = {"run_id": run.run_id, "status": run.status}
         if run.status == "completed":
-            data["output"] = run.output
+            data["output"] = payloads.display(run.output)
         else:
             error = run.error or events.ErrorInfo(message="the run was cancelled", type="Cancelled")
             data["error"] = output.error_dict(error)

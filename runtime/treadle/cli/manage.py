@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic_core import PydanticUndefined
 
-from treadle import settings
+from treadle import clock, errors, payloads, settings
 from treadle.cli import common, output
 from treadle.client import Workflows
 from treadle.world import contract, records
@@ -253,4 +253,16 @@ async def cmd_migrate(args: argparse.Namespace) -> int:
         print(f"applied migrations {', '.join(str(v) for v in applied)}")
     else:
         print("the schema is up to date")
+    return common.OK
+
+
+async def cmd_payload_key(args: argparse.Namespace) -> int:
+    """Print a new ``kid:key`` entry for TREADLE_PAYLOAD_KEY (stdout only, nothing stored)."""
+    kid = args.kid or clock.utcnow().strftime("k%Y%m%d")
+    try:
+        entry = payloads.new_key(kid)
+    except errors.SettingsError as exc:
+        output.error_line(str(exc))
+        return common.USAGE
+    output.out(entry)
     return common.OK

@@ -12,6 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from treadle import payloads
 from treadle.world import events, records
 
 
@@ -49,7 +50,8 @@ def short_time(moment: datetime | None) -> str:
 
 
 def json_text(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, default=str)
+    """Stored data as one line of JSON; encrypted values opened, or ``"<encrypted>"``."""
+    return json.dumps(payloads.display(value), ensure_ascii=False, default=str)
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
@@ -69,15 +71,16 @@ def error_dict(error: events.ErrorInfo | None) -> dict[str, Any] | None:
 
 
 def run_dict(run: records.RunRecord) -> dict[str, Any]:
-    """A run as ``--json`` prints it; input and output as the log stores them."""
+    """A run as ``--json`` prints it; input and output as the log stores them (encrypted
+    values opened where this process holds the key, else ``"<encrypted>"``)."""
     return {
         "run_id": run.run_id,
         "workflow": run.workflow_name,
         "status": run.status,
         "deployment_id": run.deployment_id,
         "spec_version": run.spec_version,
-        "input": run.input,
-        "output": run.output,
+        "input": payloads.display(run.input),
+        "output": payloads.display(run.output),
         "error": error_dict(run.error),
         "attributes": run.attributes,
         "created_at": iso(run.created_at),
@@ -124,7 +127,9 @@ def event_dict(event: events.LoggedEvent) -> dict[str, Any]:
         "step_name": step_name(event),
         "attempt": attempt_of(event),
         "in_band": event.in_band,
-        "event": body.model_dump(mode="json") if isinstance(body, BaseModel) else None,
+        "event": payloads.display(body.model_dump(mode="json"))
+        if isinstance(body, BaseModel)
+        else None,
     }
 
 

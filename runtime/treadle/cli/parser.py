@@ -144,6 +144,16 @@ def build_parser() -> Parser:
     )
     config.set_defaults(handler=manage.cmd_settings)
 
+    key = commands.add_parser(
+        "payload-key",
+        help="print a new payload encryption key entry for TREADLE_PAYLOAD_KEY",
+        description="Print <key id>:<base64 of 32 random bytes>. Put it first in "
+        "TREADLE_PAYLOAD_KEY (comma separated) to encrypt with it; keep older entries "
+        "after it while runs started under them may still replay.",
+    )
+    key.add_argument("--kid", default=None, help="the key id (default: k<YYYYMMDD>)")
+    key.set_defaults(handler=manage.cmd_payload_key)
+
     migrate = commands.add_parser(
         "migrate", parents=[_common()], help="apply the Postgres World's pending migrations"
     )

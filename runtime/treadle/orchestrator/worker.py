@@ -17,7 +17,7 @@ import logging
 from collections.abc import Awaitable
 from typing import Literal
 
-from treadle import clock, errors, limits
+from treadle import clock, errors, limits, payloads
 from treadle.orchestrator import pinning, reads, steps, timers
 from treadle.orchestrator.delivery import OrchestratorDelivery
 from treadle.orchestrator.runtime import Runtime
@@ -50,6 +50,7 @@ class Worker:
         self.concurrency = concurrency
         self._consumer: contract.Consumer | None = None
         self._limits = limits.Limits.from_settings(rt.settings)
+        self._payload_keys = payloads.KeyRing.from_settings(rt.settings)  # bad keys: at start
 
     async def start(self) -> None:
         _freeze_startup_objects()
@@ -76,6 +77,7 @@ class Worker:
     ) -> messages.HandlerResult:
         # Workflow code and step bodies encode under this worker's limits (its settings).
         limits.use(self._limits)
+        payloads.use(self._payload_keys)  # values sealed and opened under this worker's keys
         if isinstance(message, messages.StepMessage):
             if message.spec_version not in constants.SUPPORTED_SPEC_VERSIONS:
                 return self._unknown_format(message)
