@@ -14,7 +14,7 @@ import json
 
 import pytest
 
-from treadle import errors, payloads, serde
+from treadle import errors, payloads, register_types, serde
 
 K1 = base64.b64encode(bytes(range(32))).decode()
 K2 = base64.b64encode(bytes(range(100, 132))).decode()
@@ -24,6 +24,9 @@ K2 = base64.b64encode(bytes(range(100, 132))).decode()
 class Order:
     sku: str
     at: dt.datetime
+
+
+register_types(Order)  # a class the app declares (decoding never imports by name)
 
 
 @pytest.fixture
