@@ -148,9 +148,16 @@ def build_parser() -> Parser:
         "migrate", parents=[_common()], help="apply the Postgres World's pending migrations"
     )
     migrate.add_argument(
+        "--database-url-file",
+        metavar="PATH",
+        help="a file whose first line is the database URL ('-': read it from stdin); "
+        "default: $TREADLE_DATABASE_URL or $TREADLE_DATABASE_URL_FILE",
+    )
+    migrate.add_argument(
         "--database-url",
         metavar="DSN",
-        help="the database (default: $TREADLE_DATABASE_URL); never printed",
+        help="the database URL on the command line (discouraged: argv is visible to every "
+        "user in the process list and lands in shell history; a warning is printed)",
     )
     migrate.set_defaults(handler=manage.cmd_migrate)
 
