@@ -19,6 +19,7 @@ crashes, redeploys and week-long sleeps::
         return greeting
 """
 
+from treadle import redaction
 from treadle.client import Run, Workflows
 from treadle.errors import (
     CorruptedEventLog,
@@ -39,6 +40,9 @@ from treadle.sdk.logging import workflow_logger
 from treadle.sdk.timing import now, sleep
 
 __version__ = "0.1.0"
+
+# Arguments of treadle's log lines are quoted when they hold a newline (security.md L3).
+redaction.install_log_quoting()
 
 __all__ = [
     "CorruptedEventLog",

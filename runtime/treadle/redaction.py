@@ -17,10 +17,15 @@ CLI and the operator), so a password can only leak if this module is wrong:
   looks like a URL or a DSN is never echoed.
 - ``quote(value)``: a value for a log line, quoted so that no newline or control
   character in it can forge a second line.
+- ``install_log_quoting()`` (run when ``treadle`` is imported): every record of a
+  ``treadle.*`` logger gets its arguments quoted when they hold a newline or another
+  control character, so a run id, token or error text taken from a message or a row
+  can never forge a log line, whichever log call it reaches.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass
 
@@ -34,6 +39,7 @@ _HOST = re.compile(r"(?:[A-Za-z0-9_~-][A-Za-z0-9._~-]*|\[[0-9A-Fa-f:.]+\])(?::[0
 _USER = re.compile(r"[A-Za-z0-9._~%!$&'()*+,;=-]*\Z")
 # A new server of a list starts with its own scheme: ``nats://a:4222,nats://b:4222``.
 _NEXT_SERVER = re.compile(r",\s*(?=[A-Za-z][A-Za-z0-9+.-]*://)")
+_UNSAFE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 _DSN_WORDS = re.compile(r"(?i)\b(?:password|passwd|pwd|token|secret|user)\s*=")
 
 
@@ -146,3 +152,29 @@ def quote(value: object) -> str:
     """``value`` for a log line: a ``repr`` (one line, control characters escaped)."""
     text = repr(value if isinstance(value, str) else str(value))
     return text if len(text) <= 200 else f"{text[:197]}..."
+
+
+def _safe_arg(arg: object) -> object:
+    if isinstance(arg, str | BaseException) and _UNSAFE.search(str(arg)):
+        return quote(str(arg))
+    return arg
+
+
+def install_log_quoting() -> None:
+    """Quote unsafe arguments of every ``treadle.*`` log record (idempotent; the
+    previous record factory still runs first)."""
+    previous = logging.getLogRecordFactory()
+    if getattr(previous, "treadle_quoting", False):
+        return
+
+    def factory(*args: object, **kwargs: object) -> logging.LogRecord:
+        record = previous(*args, **kwargs)
+        if record.name.startswith("treadle") and record.args:
+            if isinstance(record.args, tuple):
+                record.args = tuple(_safe_arg(a) for a in record.args)
+            elif isinstance(record.args, dict):
+                record.args = {k: _safe_arg(v) for k, v in record.args.items()}
+        return record
+
+    factory.treadle_quoting = True  # type: ignore[attr-defined]
+    logging.setLogRecordFactory(factory)
