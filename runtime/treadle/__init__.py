@@ -25,6 +25,7 @@ from treadle.errors import (
     CorruptedEventLog,
     FatalError,
     HookConflictError,
+    HookSignatureInvalid,
     NonDeterministicCall,
     RetryableError,
     RunCancelledError,
@@ -33,6 +34,7 @@ from treadle.errors import (
     StepFailed,
     TreadleError,
 )
+from treadle.hooktokens import signature as hook_signature
 from treadle.sdk.context import StepMetadata, WorkflowMetadata, step_metadata, workflow_metadata
 from treadle.sdk.determinism import random, uuid4
 from treadle.sdk.hooks import Hook, HookHandle, create_hook
@@ -49,6 +51,7 @@ __all__ = [
     "FatalError",
     "Hook",
     "HookConflictError",
+    "HookSignatureInvalid",
     "HookHandle",
     "NonDeterministicCall",
     "RetryableError",
@@ -63,6 +66,7 @@ __all__ = [
     "Workflows",
     "__version__",
     "create_hook",
+    "hook_signature",
     "now",
     "random",
     "sleep",

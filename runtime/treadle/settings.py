@@ -106,6 +106,19 @@ class Settings(BaseSettings):
         le=limits.MAX_MAX_HOOK_TOKEN_BYTES,
         description="Longest hook token, in bytes of UTF-8.",
     )
+    TREADLE_HOOK_TOKEN_NAMESPACE: str | None = Field(
+        default=None,
+        description="Hook tokens are stored as NAMESPACE/token, so deployments sharing a "
+        "World cannot take each other's tokens (set it alike on workers and clients).",
+    )
+    TREADLE_HOOK_KEY: SecretStr | None = Field(
+        default=None,
+        description="Key of hook signatures (treadle.hook_signature) checked by resume_hook "
+        "for hooks created with require_signature=True (never logged).",
+    )
+    TREADLE_HOOK_KEY_FILE: str | None = Field(
+        default=None, description="A file holding TREADLE_HOOK_KEY (a mounted secret)."
+    )
     TREADLE_QUEUE_MAX_FAILED_DELIVERIES: int = Field(
         default=64,
         ge=1,
@@ -152,6 +165,13 @@ class Settings(BaseSettings):
         if not text:
             raise errors.SettingsError(f"{name}_FILE={redaction.shown(path)} is empty")
         return _readable(name, text)
+
+    @field_validator("TREADLE_HOOK_TOKEN_NAMESPACE")
+    @classmethod
+    def _namespace(cls, value: str | None) -> str | None:
+        from treadle import hooktokens
+
+        return hooktokens.check_namespace(value)
 
     @field_validator("WORKFLOW_MAX_INLINE_STEPS")
     @classmethod

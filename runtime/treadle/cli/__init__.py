@@ -27,6 +27,7 @@ USER_ERRORS: tuple[type[BaseException], ...] = (
     errors.RunNotFound,
     errors.RunExpired,
     errors.HookNotFound,
+    errors.HookSignatureInvalid,
     errors.DeadLetterNotFound,
     errors.StorageUnavailable,
 )

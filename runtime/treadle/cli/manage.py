@@ -127,7 +127,7 @@ async def cmd_inspect(args: argparse.Namespace) -> int:
 async def cmd_hooks_resume(args: argparse.Namespace) -> int:
     payload = common.parse_json(args.payload, "--payload") if args.payload is not None else None
     async with _client(args) as app:
-        run = await app.resume_hook(args.token, payload)
+        run = await app.resume_hook(args.token, payload, signature=args.signature)
     if args.json:
         output.emit_json({"token": args.token, "run_id": run.run_id})
     else:

@@ -117,6 +117,11 @@ def build_parser() -> Parser:
     )
     resume.add_argument("token", metavar="TOKEN")
     resume.add_argument("--payload", metavar="JSON", help="the payload, as JSON (default null)")
+    resume.add_argument(
+        "--signature",
+        metavar="HEX",
+        help="the hook's signature (treadle.hook_signature), for a hook that requires one",
+    )
     resume.set_defaults(handler=manage.cmd_hooks_resume)
 
     dead = commands.add_parser(
