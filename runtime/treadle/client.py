@@ -208,6 +208,7 @@ class Workflows:
         self._settings = settings_
         self._worker: Worker | None = None
         self._open_lock = asyncio.Lock()
+        self._hook_key_read: tuple[str | None] | None = None
 
     # -- registry ---------------------------------------------------------------------
 
@@ -448,4 +449,7 @@ class Workflows:
         return hooktokens.signature(token, key)
 
     def _hook_key(self) -> str | None:
-        return self.settings.secret_url("TREADLE_HOOK_KEY")
+        """``TREADLE_HOOK_KEY`` (or its file, read once: no file read per resume)."""
+        if self._hook_key_read is None:
+            self._hook_key_read = (self.settings.secret_url("TREADLE_HOOK_KEY"),)
+        return self._hook_key_read[0]

@@ -198,7 +198,9 @@ class Settings(BaseSettings):
 
 def _readable(name: str, url: str) -> str:
     """A URL setting's value, refused (naming only the setting) when it cannot be read."""
-    return redaction.require_readable(url, name) if "://" in url else url
+    if name.endswith("_URL") and "://" in url:
+        return redaction.require_readable(url, name)
+    return url
 
 
 def load(environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
