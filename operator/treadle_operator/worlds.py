@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from treadle import errors as engine_errors
 from treadle import payloads
@@ -27,11 +27,16 @@ log = logging.getLogger("treadle.operator.worlds")
 
 @dataclass(frozen=True)
 class WorldUrls:
-    database_url: str
-    nats_url: str
+    """A World's two URLs; ``str`` and ``repr`` show only ``scheme://host:port`` of each."""
+
+    database_url: str = field(repr=False)
+    nats_url: str = field(repr=False)
 
     def __str__(self) -> str:
         return f"{redact(self.database_url)} + {redact(self.nats_url)}"
+
+    def __repr__(self) -> str:
+        return f"WorldUrls({self})"
 
 
 OnOpened = Callable[[WorldUrls, PostgresNatsWorld], Awaitable[None]]

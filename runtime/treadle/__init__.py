@@ -19,11 +19,13 @@ crashes, redeploys and week-long sleeps::
         return greeting
 """
 
+from treadle import redaction
 from treadle.client import Run, Workflows
 from treadle.errors import (
     CorruptedEventLog,
     FatalError,
     HookConflictError,
+    HookSignatureInvalid,
     NonDeterministicCall,
     RetryableError,
     RunCancelledError,
@@ -32,6 +34,7 @@ from treadle.errors import (
     StepFailed,
     TreadleError,
 )
+from treadle.hooktokens import signature as hook_signature
 from treadle.sdk.context import StepMetadata, WorkflowMetadata, step_metadata, workflow_metadata
 from treadle.sdk.determinism import random, uuid4
 from treadle.sdk.hooks import Hook, HookHandle, create_hook
@@ -41,11 +44,15 @@ from treadle.serde_registry import register_types
 
 __version__ = "0.1.0"
 
+# Arguments of treadle's log lines are quoted when they hold a newline (security.md L3).
+redaction.install_log_quoting()
+
 __all__ = [
     "CorruptedEventLog",
     "FatalError",
     "Hook",
     "HookConflictError",
+    "HookSignatureInvalid",
     "HookHandle",
     "NonDeterministicCall",
     "RetryableError",
@@ -60,6 +67,7 @@ __all__ = [
     "Workflows",
     "__version__",
     "create_hook",
+    "hook_signature",
     "now",
     "random",
     "register_types",

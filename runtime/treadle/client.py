@@ -17,7 +17,7 @@ from typing import Any, ParamSpec, TypeVar, overload
 
 from pydantic import BaseModel, JsonValue
 
-from treadle import clock, errors, hookresume, limits, payloads, serde, settings
+from treadle import clock, errors, hookresume, hooktokens, limits, payloads, serde, settings
 from treadle.orchestrator import compat
 from treadle.orchestrator.runtime import Runtime
 from treadle.orchestrator.worker import Role, Worker
@@ -217,6 +217,7 @@ class Workflows:
         self._payload_keys: payloads.KeyRing | _Unread | None = _UNREAD
         self._worker: Worker | None = None
         self._open_lock = asyncio.Lock()
+        self._hook_key_read: tuple[str | None] | None = None
 
     # -- registry ---------------------------------------------------------------------
 
@@ -428,18 +429,28 @@ class Workflows:
             raise ValueError(f"{run_id!r} is not a run id (expected wrun_ and 26 characters)")
         return Run(self, run_id)
 
-    async def resume_hook(self, token: str, payload: Any = None) -> Run:
+    async def resume_hook(
+        self, token: str, payload: Any = None, *, signature: str | None = None
+    ) -> Run:
         """Deliver ``payload`` to the live hook holding ``token``, then wake its run.
 
         Raises ``HookNotFound`` when no live hook holds the token (never created,
         disposed, already resumed, or its run ended, even between the lookup and the
-        write); ``HookPayloadNotRecorded`` when the write failed and recorded nothing
-        (safe to call again); ``HookWakeFailed`` when the payload is recorded but the
-        wake could not be sent after retries (the run sees it on its next delivery).
+        write); ``HookSignatureInvalid`` (nothing written) when the hook was created
+        with ``require_signature=True`` and ``signature`` is missing or is not
+        ``hook_signature(token, TREADLE_HOOK_KEY)``; ``HookPayloadNotRecorded`` when
+        the write failed and recorded nothing (safe to call again); ``HookWakeFailed``
+        when the payload is recorded but the wake could not be sent after retries (the
+        run sees it on its next delivery). ``TREADLE_HOOK_TOKEN_NAMESPACE`` is applied.
         """
         limits.check_hook_token(token, self.limits)
         world = await self.world()
-        hook = await world.hooks.get_by_token(token)
+        stored = hooktokens.stored(token, self.limits.hook_token_namespace)
+        try:
+            hook = await world.hooks.get_by_token(stored)
+        except errors.HookNotFound:
+            raise errors.HookNotFound(token) from None
+        hooktokens.check_signature(token, hook.metadata, signature, self._hook_key())
         compat.require_known_format(await world.runs.get(hook.run_id))
         self.use_payload_keys()
         data = serde.encode(
@@ -450,3 +461,18 @@ class Workflows:
         await hookresume.record_payload(world, token, hook, data)
         await hookresume.wake(world, token, hook.run_id)
         return Run(self, hook.run_id)
+
+    def hook_signature(self, token: str) -> str:
+        """``treadle.hook_signature(token, key)`` with this app's ``TREADLE_HOOK_KEY``."""
+        key = self._hook_key()
+        if not key:
+            raise errors.SettingsError(
+                "hook signatures need TREADLE_HOOK_KEY (or TREADLE_HOOK_KEY_FILE)"
+            )
+        return hooktokens.signature(token, key)
+
+    def _hook_key(self) -> str | None:
+        """``TREADLE_HOOK_KEY`` (or its file, read once: no file read per resume)."""
+        if self._hook_key_read is None:
+            self._hook_key_read = (self.settings.secret_url("TREADLE_HOOK_KEY"),)
+        return self._hook_key_read[0]

@@ -22,6 +22,7 @@ its message names them too::
     │   ├── RunFailedError            ``run.result()`` of a run that failed
     │   └── RunCancelledError         ``run.result()`` of a run that was cancelled
     ├── HookWakeFailed                resume_hook recorded the payload but could not wake the run
+    ├── HookSignatureInvalid          resume_hook without the signature its hook requires; no write
     └── WorldError                    the World refused or failed an operation
         ├── InBandSuperseded          fence: a stale expected_seq_in_band; nothing written
         ├── WorldContractError        the caller broke the World contract (a bug, not load)
@@ -206,6 +207,16 @@ class HookWakeFailed(TreadleError):
         self.token = token
         self.run_id = run_id
         self.attempts = attempts
+        self.reason = reason
+
+
+class HookSignatureInvalid(TreadleError):
+    """``resume_hook`` of a hook created with ``require_signature=True`` carried no
+    signature or a wrong one (``treadle.hook_signature``); nothing was written."""
+
+    def __init__(self, token: str, reason: str) -> None:
+        super().__init__(f"resume_hook({token!r}) refused: {reason}; nothing was recorded")
+        self.token = token
         self.reason = reason
 
 

@@ -51,6 +51,9 @@ class Limits:
     max_depth: int = DEFAULT_MAX_DEPTH
     max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES
     max_hook_token_bytes: int = DEFAULT_MAX_HOOK_TOKEN_BYTES
+    # Not a limit, but read where the limits are (the worker's settings, per handler):
+    # TREADLE_HOOK_TOKEN_NAMESPACE, the prefix of stored hook tokens (``hooktokens``).
+    hook_token_namespace: str | None = None
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Limits:
@@ -58,6 +61,7 @@ class Limits:
             max_depth=settings.TREADLE_MAX_VALUE_DEPTH,
             max_value_bytes=settings.TREADLE_MAX_VALUE_BYTES,
             max_hook_token_bytes=settings.TREADLE_MAX_HOOK_TOKEN_BYTES,
+            hook_token_namespace=settings.TREADLE_HOOK_TOKEN_NAMESPACE,
         )
 
 

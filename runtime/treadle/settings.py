@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from treadle import errors, limits
+from treadle import errors, limits, redaction
 from treadle.world import constants
 
 
@@ -106,6 +106,19 @@ class Settings(BaseSettings):
         le=limits.MAX_MAX_HOOK_TOKEN_BYTES,
         description="Longest hook token, in bytes of UTF-8.",
     )
+    TREADLE_HOOK_TOKEN_NAMESPACE: str | None = Field(
+        default=None,
+        description="Hook tokens are stored as NAMESPACE/token, so deployments sharing a "
+        "World cannot take each other's tokens (set it alike on workers and clients).",
+    )
+    TREADLE_HOOK_KEY: SecretStr | None = Field(
+        default=None,
+        description="Key of hook signatures (treadle.hook_signature) checked by resume_hook "
+        "for hooks created with require_signature=True (never logged).",
+    )
+    TREADLE_HOOK_KEY_FILE: str | None = Field(
+        default=None, description="A file holding TREADLE_HOOK_KEY (a mounted secret)."
+    )
     TREADLE_QUEUE_MAX_FAILED_DELIVERIES: int = Field(
         default=64,
         ge=1,
@@ -168,7 +181,7 @@ class Settings(BaseSettings):
         """``NAME``, or the first line of the file ``NAME_FILE`` names (never logged)."""
         value = getattr(self, name)
         if isinstance(value, SecretStr) and value.get_secret_value():
-            return value.get_secret_value()
+            return _readable(name, value.get_secret_value())
         path = getattr(self, f"{name}_FILE")
         if not path:
             return None
@@ -177,11 +190,18 @@ class Settings(BaseSettings):
                 text = secret.readline().strip()
         except OSError as exc:
             raise errors.SettingsError(
-                f"{name}_FILE={path!r} cannot be read: {exc.strerror}"
+                f"{name}_FILE={redaction.shown(path)} cannot be read: {exc.strerror}"
             ) from None
         if not text:
-            raise errors.SettingsError(f"{name}_FILE={path!r} is empty")
-        return text
+            raise errors.SettingsError(f"{name}_FILE={redaction.shown(path)} is empty")
+        return _readable(name, text)
+
+    @field_validator("TREADLE_HOOK_TOKEN_NAMESPACE")
+    @classmethod
+    def _namespace(cls, value: str | None) -> str | None:
+        from treadle import hooktokens
+
+        return hooktokens.check_namespace(value)
 
     @field_validator("WORKFLOW_MAX_INLINE_STEPS")
     @classmethod
@@ -206,6 +226,13 @@ class Settings(BaseSettings):
         return self.WORKFLOW_SPEC_VERSION or constants.SPEC_VERSION_SINGLE_ORCHESTRATOR
 
 
+def _readable(name: str, url: str) -> str:
+    """A URL setting's value, refused (naming only the setting) when it cannot be read."""
+    if name.endswith("_URL") and "://" in url:
+        return redaction.require_readable(url, name)
+    return url
+
+
 def load(environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
     """Settings from ``environ`` (default: the process environment) and overrides."""
     source = dict(os.environ if environ is None else environ)
@@ -217,7 +244,7 @@ def load(environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings
         return Settings.model_validate(values)
     except ValidationError as exc:
         problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc'])}={e.get('input')!r}: {e['msg']}"
+            f"{'.'.join(str(p) for p in e['loc'])}={redaction.shown(e.get('input'))}: {e['msg']}"
             for e in exc.errors()
         )
         raise errors.SettingsError(f"bad setting: {problems}") from None

@@ -60,7 +60,7 @@ CASES = [
     case(
         "unknown-world",
         ["runs", "list", "--world", "mongodb://db"],
-        "TREADLE_WORLD='mongodb://db' is not a World",
+        "TREADLE_WORLD=<hidden: it looks like a URL or DSN> is not a World",
     ),
     case(
         "incompatible-storage",

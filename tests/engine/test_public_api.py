@@ -13,6 +13,7 @@ from .conftest import MakeApp
 
 PUBLIC = {
     "CorruptedEventLog", "FatalError", "Hook", "HookConflictError", "HookHandle",
+    "HookSignatureInvalid", "hook_signature",
     "NonDeterministicCall", "RetryableError", "Run", "RunCancelledError", "RunFailedError",
     "SerializationError", "StepFailed", "StepMetadata", "TreadleError", "WorkflowMetadata",
     "Workflows", "__version__", "create_hook", "now", "random", "register_types", "sleep",

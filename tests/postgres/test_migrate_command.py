@@ -35,5 +35,8 @@ async def test_migrate_without_a_database_is_a_usage_error(empty_dsn: str) -> No
     """No DSN anywhere: one line, exit 2, and the DSN is never printed."""
     code, _, err = await _treadle("migrate", dsn="")
     assert code == 2
-    assert err.strip() == "treadle: error: migrate needs --database-url or TREADLE_DATABASE_URL"
+    assert err.strip() == (
+        "treadle: error: migrate needs TREADLE_DATABASE_URL, TREADLE_DATABASE_URL_FILE or "
+        "--database-url-file"
+    )
     assert "Traceback" not in err

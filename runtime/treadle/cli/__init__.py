@@ -2,13 +2,15 @@
 every mistake a user can make to one ``treadle: error: ...`` line and exit 2.
 
 Exit codes: 0 done; 1 a run failed, was cancelled or outlived ``--timeout``
-(or an unexpected error); 2 a usage error; 130 interrupted.
+(or an unexpected error); 2 a usage error; 130 interrupted; 141 the reader of
+stdout went away (``treadle runs list | head``: quiet, as other CLIs are).
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import sys
 import traceback
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -27,6 +29,7 @@ USER_ERRORS: tuple[type[BaseException], ...] = (
     errors.RunNotFound,
     errors.RunExpired,
     errors.HookNotFound,
+    errors.HookSignatureInvalid,
     errors.DeadLetterNotFound,
     errors.StorageUnavailable,
 )
@@ -54,6 +57,20 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         output.error_line("interrupted")
         return common.INTERRUPTED
+    except BrokenPipeError:
+        # Nothing left to print to: silence the flush at exit too.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return common.BROKEN_PIPE
+    except UnicodeError as exc:  # e.g. non-UTF-8 bytes in an argument (lone surrogates)
+        reason = getattr(exc, "reason", None) or type(exc).__name__
+        output.error_line(
+            f"a value is not valid UTF-8 text ({reason}); pass text, or escape the bytes"
+        )
+        return common.USAGE
+    except RecursionError:
+        output.error_line("a value nests too deep to handle (see TREADLE_MAX_VALUE_DEPTH)")
+        return common.USAGE
     except Exception as exc:
         if os.environ.get("TREADLE_DEBUG"):
             traceback.print_exc()

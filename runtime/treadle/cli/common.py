@@ -20,6 +20,7 @@ OK = 0
 FAILED = 1
 USAGE = 2
 INTERRUPTED = 130
+BROKEN_PIPE = 141
 
 
 class UsageError(Exception):
@@ -36,6 +37,13 @@ def parse_json(text: str, option: str) -> Any:
         ) from None
     except RecursionError:
         raise UsageError(f"{option} nests too deep to read (see TREADLE_MAX_VALUE_DEPTH)") from None
+    except ValueError as exc:  # an int past Python's 4,300-digit conversion limit
+        if "digits" in str(exc):
+            raise UsageError(
+                f"{option} holds an integer of more than 4300 digits, which cannot be read; "
+                "send it as a string"
+            ) from None
+        raise UsageError(f"{option} cannot be read: {exc}") from None
 
 
 def parse_input(text: str | None) -> tuple[list[Any], dict[str, Any]]:

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 from pydantic_core import PydanticUndefined
 
-from treadle import clock, errors, payloads, settings
+from treadle import clock, errors, payloads, redaction, settings
 from treadle.cli import common, output
 from treadle.client import Workflows
 from treadle.world import contract, records
@@ -126,7 +127,7 @@ async def cmd_inspect(args: argparse.Namespace) -> int:
 async def cmd_hooks_resume(args: argparse.Namespace) -> int:
     payload = common.parse_json(args.payload, "--payload") if args.payload is not None else None
     async with _client(args) as app:
-        run = await app.resume_hook(args.token, payload)
+        run = await app.resume_hook(args.token, payload, signature=args.signature)
     if args.json:
         output.emit_json({"token": args.token, "run_id": run.run_id})
     else:
@@ -238,12 +239,43 @@ async def cmd_settings(args: argparse.Namespace) -> int:
     return common.OK
 
 
+def _migration_dsn(args: argparse.Namespace, current: settings.Settings) -> str:
+    """The DSN to migrate: a file (or stdin), the settings, or (with a warning) argv."""
+    if args.database_url_file:
+        source = "stdin" if args.database_url_file == "-" else args.database_url_file
+        try:
+            if args.database_url_file == "-":
+                text = sys.stdin.readline().strip()
+            else:
+                with open(args.database_url_file) as secret:
+                    text = secret.readline().strip()
+        except OSError as exc:
+            raise common.UsageError(
+                f"--database-url-file {redaction.shown(source)} cannot be read: {exc.strerror}"
+            ) from None
+        if not text:
+            raise common.UsageError(f"--database-url-file: {redaction.shown(source)} is empty")
+        return text
+    if args.database_url:
+        print(
+            "treadle: warning: --database-url puts the password in the process list and "
+            "shell history; prefer TREADLE_DATABASE_URL, TREADLE_DATABASE_URL_FILE or "
+            "--database-url-file",
+            file=sys.stderr,
+        )
+        return str(args.database_url)
+    dsn = current.secret_url("TREADLE_DATABASE_URL")
+    if not dsn:
+        raise common.UsageError(
+            "migrate needs TREADLE_DATABASE_URL, TREADLE_DATABASE_URL_FILE or --database-url-file"
+        )
+    return dsn
+
+
 async def cmd_migrate(args: argparse.Namespace) -> int:
     """Apply pending Postgres migrations, in order, each in its own transaction."""
     current = common.use_world(args.world)
-    dsn = args.database_url or current.secret_url("TREADLE_DATABASE_URL")
-    if not dsn:
-        raise common.UsageError("migrate needs --database-url or TREADLE_DATABASE_URL")
+    dsn = _migration_dsn(args, current)
     from treadle.worlds.postgres import migrate
 
     applied = await migrate.migrate(dsn)

@@ -117,6 +117,11 @@ def build_parser() -> Parser:
     )
     resume.add_argument("token", metavar="TOKEN")
     resume.add_argument("--payload", metavar="JSON", help="the payload, as JSON (default null)")
+    resume.add_argument(
+        "--signature",
+        metavar="HEX",
+        help="the hook's signature (treadle.hook_signature), for a hook that requires one",
+    )
     resume.set_defaults(handler=manage.cmd_hooks_resume)
 
     dead = commands.add_parser(
@@ -158,9 +163,16 @@ def build_parser() -> Parser:
         "migrate", parents=[_common()], help="apply the Postgres World's pending migrations"
     )
     migrate.add_argument(
+        "--database-url-file",
+        metavar="PATH",
+        help="a file whose first line is the database URL ('-': read it from stdin); "
+        "default: $TREADLE_DATABASE_URL or $TREADLE_DATABASE_URL_FILE",
+    )
+    migrate.add_argument(
         "--database-url",
         metavar="DSN",
-        help="the database (default: $TREADLE_DATABASE_URL); never printed",
+        help="the database URL on the command line (discouraged: argv is visible to every "
+        "user in the process list and lands in shell history; a warning is printed)",
     )
     migrate.set_defaults(handler=manage.cmd_migrate)
 

@@ -31,7 +31,7 @@ from typing import Any
 
 from pydantic import JsonValue
 
-from treadle import errors, serde
+from treadle import errors, hooktokens, serde
 from treadle.replay import operations
 from treadle.replay.loop import DurableTimer, WorkflowLoop
 from treadle.world import events, ids
@@ -429,8 +429,17 @@ class Replay:
         op.cancelled = True
         self._new.pop(op.correlation_id, None)
 
-    def create_hook(self, token: str, metadata: JsonValue) -> operations.HookWait:
+    def create_hook(
+        self, token: str | None, metadata: JsonValue, *, namespace: str | None = None
+    ) -> operations.HookWait:
+        """A hook at the next position; ``token`` None mints one, or takes the log's."""
         position, cid = self._take_position("hook")
+        recorded_at = self._recorded.get(position)
+        token = hooktokens.resolve(
+            token,
+            namespace,
+            recorded_at.name if recorded_at is not None and recorded_at.kind == "hook" else None,
+        )
         op = operations.HookWait(
             position, cid, token=token, metadata=metadata, future=self.loop.create_future()
         )

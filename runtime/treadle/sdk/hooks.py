@@ -3,6 +3,10 @@
 Subclass ``Hook`` (a pydantic model) to describe the payload; in a workflow,
 ``await Approval.wait(token=..., timeout="1d")`` returns the validated payload,
 or None on timeout. ``app.resume_hook(token, payload)`` resolves it.
+
+``create_hook()`` without a token mints an unguessable one (``HookHandle.token``);
+a token you choose is as guessable as what it is made of. ``require_signature=True``
+makes a resume carry ``treadle.hook_signature(token, key)`` (``treadle.hooktokens``).
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from typing import Any, Self
 
 from pydantic import BaseModel, JsonValue
 
-from treadle import errors, limits
+from treadle import errors, hooktokens, limits
 from treadle.replay import operations
 from treadle.sdk import context
 from treadle.sdk.durations import Duration, to_seconds
@@ -30,12 +34,14 @@ class HookHandle:
     same token again.
     """
 
-    def __init__(self, op: operations.HookWait) -> None:
+    def __init__(self, op: operations.HookWait, token: str | None = None) -> None:
         self._op = op
+        self._token = token if token is not None else hooktokens.bare(op.token)
 
     @property
     def token(self) -> str:
-        return self._op.token
+        """The token to resume with (without ``TREADLE_HOOK_TOKEN_NAMESPACE``'s prefix)."""
+        return self._token
 
     def conflict(self) -> errors.HookConflictError | None:
         if not self._op.conflicted:
@@ -53,13 +59,29 @@ class HookHandle:
         replay.dispose_hook(self._op)
 
 
-def create_hook(token: str, *, metadata: JsonValue = None) -> HookHandle:
-    """Create a hook in workflow code; its token must be unique among live hooks."""
-    limits.check_hook_token(token)
+def create_hook(
+    token: str | None = None, *, metadata: JsonValue = None, require_signature: bool = False
+) -> HookHandle:
+    """Create a hook in workflow code.
+
+    Without ``token``, an unguessable one is minted (128 bits; ``HookHandle.token``;
+    the same on every replay). A chosen token must be unique among live hooks and is
+    only as secret as what it is made of: never derive one from data others know if
+    a public endpoint resumes hooks; mint it, or ask for a signature.
+    ``require_signature=True``: ``resume_hook`` must carry
+    ``treadle.hook_signature(token, key)`` with the app's ``TREADLE_HOOK_KEY``.
+    """
+    if token is not None:
+        limits.check_hook_token(token)
     if metadata is not None:
         limits.check_value(metadata, "hook metadata")
     replay = context.require_replay("create_hook()")
-    return HookHandle(replay.create_hook(token, metadata))
+    op = replay.create_hook(
+        token,
+        hooktokens.wrap_metadata(metadata, require_signature),
+        namespace=limits.active().hook_token_namespace,
+    )
+    return HookHandle(op, token)
 
 
 class Hook(BaseModel):
@@ -72,9 +94,12 @@ class Hook(BaseModel):
         register_annotations(cls)
 
     @classmethod
-    async def wait(cls, *, token: str, timeout: Duration | None = None) -> Self | None:
-        """Wait for the payload sent to ``token``; None if ``timeout`` passes first."""
-        hook = create_hook(token)
+    async def wait(
+        cls, *, token: str, timeout: Duration | None = None, require_signature: bool = False
+    ) -> Self | None:
+        """Wait for the payload sent to ``token``; None if ``timeout`` passes first.
+        (For a minted token, use ``create_hook()`` and ``model_validate`` its payload.)"""
+        hook = create_hook(token, require_signature=require_signature)
         if timeout is None:
             return cls.model_validate(await hook.payload())
         seconds = to_seconds(timeout, what="hook timeout")

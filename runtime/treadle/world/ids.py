@@ -16,7 +16,8 @@ _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 _DECODE = {c: i for i, c in enumerate(_CROCKFORD)}
 RUN_PREFIX = "wrun_"
 MESSAGE_PREFIX = "msg_"
-RUN_ID_PATTERN = re.compile(r"^wrun_[0-9A-HJKMNP-TV-Z]{26}$")
+# Matched whole (``fullmatch``): ``$`` let ``"wrun_...\n"`` pass (security.md L3).
+RUN_ID_PATTERN = re.compile(r"wrun_[0-9A-HJKMNP-TV-Z]{26}")
 
 
 def new_ulid(at_ms: int | None = None) -> str:
@@ -40,8 +41,9 @@ def new_message_id() -> str:
     return MESSAGE_PREFIX + new_ulid()
 
 
-def is_run_id(value: str) -> bool:
-    return bool(RUN_ID_PATTERN.match(value))
+def is_run_id(value: object) -> bool:
+    """``wrun_`` and 26 Crockford base32 characters, exactly: no trailing newline."""
+    return isinstance(value, str) and RUN_ID_PATTERN.fullmatch(value) is not None
 
 
 def run_created_at(run_id: str) -> datetime:

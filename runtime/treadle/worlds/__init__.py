@@ -60,6 +60,10 @@ async def open_world(
             tuning=tuning,
             statement_timeout_ms=config.TREADLE_DATABASE_STATEMENT_TIMEOUT_MS,
         )
+    from treadle.redaction import looks_secret, shown
+
+    hint = " (put a database URL in TREADLE_DATABASE_URL)" if looks_secret(url) else ""
     raise errors.SettingsError(
-        f"TREADLE_WORLD={url!r} is not a World treadle knows; use local:PATH, postgres or memory"
+        f"TREADLE_WORLD={shown(url)} is not a World treadle knows; "
+        f"use local:PATH, postgres or memory{hint}"
     )

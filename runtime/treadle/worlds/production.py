@@ -7,9 +7,8 @@ errors name the host, not the URL.
 
 from __future__ import annotations
 
-from urllib.parse import urlsplit
-
 from treadle import errors
+from treadle.redaction import redact_url
 from treadle.world import contract
 
 CAPABILITIES = contract.Capabilities(
@@ -18,11 +17,8 @@ CAPABILITIES = contract.Capabilities(
 
 
 def redact(url: str) -> str:
-    """A URL fit for a log line: scheme, host and port only."""
-    parts = urlsplit(url)
-    host = parts.hostname or "?"
-    port = f":{parts.port}" if parts.port else ""
-    return f"{parts.scheme}://{host}{port}"
+    """A URL fit for a log line: scheme, host and port only (``treadle.redaction``)."""
+    return redact_url(url)
 
 
 class PostgresNatsWorld:

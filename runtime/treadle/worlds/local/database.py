@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import IO, TypeVar
 
 from treadle import errors
+from treadle.worlds.local import files
 from treadle.worlds.local.checkpoint import Checkpointer
 from treadle.worlds.local.groupcommit import GroupCommit
 
@@ -156,22 +157,21 @@ def _open_sync(directory: Path) -> sqlite3.Connection:
         raise errors.IncompatibleStorage(
             f"cannot open a local World at {directory}: it is a file, not a directory"
         )
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise errors.StorageUnavailable(
-            f"cannot create the local World directory {directory}: {exc.strerror}"
-        ) from exc
+    files.prepare_directory(directory)
     # Two processes opening a new World at once must not both create its schema.
-    with open(directory / INIT_LOCK_FILE, "a") as init_lock:
+    init_fd = files.open_private(directory / INIT_LOCK_FILE, os.O_WRONLY | os.O_APPEND)
+    with os.fdopen(init_fd, "a") as init_lock:
         fcntl.flock(init_lock.fileno(), fcntl.LOCK_EX)
+        files.prepare_database(directory / DATABASE_FILE)
         conn = _connect(directory / DATABASE_FILE)
+        files.tighten_database(directory / DATABASE_FILE)
     conn.execute("PRAGMA wal_autocheckpoint = 0")  # the Checkpointer runs them, off this thread
     return conn
 
 
 def _take_lock(path: Path) -> IO[str]:
-    handle = open(path, "a+")  # noqa: SIM115 - held open for the World's life
+    # Never through a symlink: one planted here used to be truncated and overwritten.
+    handle = os.fdopen(files.open_private(path, os.O_RDWR), "r+")
     try:
         fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

@@ -32,13 +32,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final
-from urllib.parse import urlsplit
 
 import nats.errors
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
-from treadle import errors
+from treadle import errors, redaction
 from treadle.world import contract, ids, messages, queuerules, records, routing
 from treadle.worlds.nats import deadletters, jetstream, leases, names
 from treadle.worlds.nats.consumer import NatsConsumer
@@ -110,10 +109,15 @@ class NatsQueue:
             "error_cb": _log_error,
         }
         options.update(connect_options or {})
+        # One URL per server (a comma list crashed nats-py), each checked first: a
+        # password with an unencoded '/' made nats-py fail with a prefix of it.
+        servers = redaction.split_servers(url)
+        for server in servers or [url]:
+            redaction.require_readable(server, "the NATS URL")
         nc = Client()
         try:
             async with asyncio.timeout(connect_timeout):
-                await nc.connect(url, **options)
+                await nc.connect(servers, **options)
         except (TimeoutError, OSError, nats.errors.Error) as exc:
             await nc.close()
             reason = exc if str(exc) else f"no connection within {connect_timeout} s"
@@ -260,11 +264,7 @@ def _due_at(delay: float, run_id: str) -> str:
 
 def _redact(url: str) -> str:
     """The servers a URL names, without credentials: fit for an error message."""
-    hosts = []
-    for one in url.split(","):
-        parts = urlsplit(one.strip() if "://" in one else f"nats://{one.strip()}")
-        hosts.append(f"{parts.hostname or '?'}{f':{parts.port}' if parts.port else ''}")
-    return ",".join(hosts)
+    return redaction.redact_url(",".join(redaction.split_servers(url)))
 
 
 def _server_version(nc: Client) -> str:

@@ -26,11 +26,10 @@ from __future__ import annotations
 import asyncio
 import collections
 from typing import Any, Protocol, cast
-from urllib.parse import urlsplit
 
 import asyncpg
 
-from treadle import errors
+from treadle import errors, redaction
 from treadle.worlds.postgres import sqlerrors
 
 APPLICATION_NAME = "treadle"
@@ -65,11 +64,12 @@ def describe(dsn: str) -> str:
     """The database a DSN names, for messages: never its password."""
     if "://" not in dsn:
         return "the Postgres database in the given DSN"
-    parts = urlsplit(dsn)
+    parts = redaction.parse_url(dsn)
+    if parts is None:
+        return f"the Postgres database at {redaction.UNPARSEABLE}"
     user = f"{parts.username}@" if parts.username else ""
-    host = parts.hostname or "localhost"
-    port = f":{parts.port}" if parts.port else ""
-    return f"the Postgres database {user}{host}{port}{parts.path or '/'}"
+    hosts = ",".join(parts.hosts) or "localhost"
+    return f"the Postgres database {user}{hosts}{parts.path or '/'}"
 
 
 def map_error(exc: BaseException, where: str) -> errors.WorldError:
@@ -88,6 +88,8 @@ class Database:
             raise errors.WorldContractError(
                 f"statement_timeout_ms must be >= 0, got {statement_timeout_ms}"
             )
+        if "://" in dsn:
+            redaction.require_readable(dsn, "the Postgres DSN")
         self.dsn = dsn
         self.statement_timeout_ms = statement_timeout_ms
         self.where = describe(dsn)

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 import asyncpg
 
-from treadle import errors
+from treadle import errors, redaction
 from treadle.worlds.postgres.database import DRIVER_ERRORS, describe, map_error
 
 # "trdl": the advisory lock a migration holds for its session.
@@ -81,6 +81,8 @@ async def migrate(dsn: str) -> list[int]:
     Each migration runs in its own transaction. Running it again applies nothing.
     """
     migrations = await asyncio.to_thread(load_migrations)
+    if "://" in dsn:
+        redaction.require_readable(dsn, "the Postgres DSN")
     where = describe(dsn)
     try:
         conn = await asyncpg.connect(dsn, server_settings={"application_name": "treadle-migrate"})
