@@ -42,6 +42,7 @@ from treadle import errors
 from treadle.world import contract, ids, messages, queuerules, records, routing
 from treadle.worlds.nats import deadletters, jetstream, leases, names
 from treadle.worlds.nats.consumer import NatsConsumer
+from treadle.worlds.transport import NatsTransport, nats_refusal
 
 log = logging.getLogger("treadle.worlds.nats")
 
@@ -87,14 +88,18 @@ class NatsQueue:
         replicas: int = 1,
         connect_timeout: float = 10.0,
         connect_options: Mapping[str, Any] | None = None,
+        transport: NatsTransport | None = None,
     ) -> NatsQueue:
         """Connect, check the server, and create the stream and lease bucket if missing.
 
         ``stream`` and ``subject_prefix`` default to ``TREADLE`` and ``treadle``; a
         second queue on one server needs both of its own. Once connected the client
         reconnects for ever; the first connection must be made within
-        ``connect_timeout`` seconds, else ``StorageUnavailable``. ``connect_options``
-        go to nats-py's ``Client.connect`` (credentials, TLS).
+        ``connect_timeout`` seconds, else ``StorageUnavailable``. ``transport`` carries
+        credentials and TLS (``worlds.transport``); a server refusing them (a wrong
+        password, an untrusted certificate, TLS it requires) is ``WorldAuthFailed`` at
+        once, not after the timeout. ``connect_options`` go to nats-py's
+        ``Client.connect`` as they are.
         """
         ns = names.Names(
             stream=names.validate_name(stream or names.DEFAULT_STREAM, "stream name"),
@@ -104,22 +109,17 @@ class NatsQueue:
             deployment=deployment_id,
         )
         tuning = tuning or contract.QueueTuning()
+        transport = transport or NatsTransport()
         options: dict[str, Any] = {
             "name": f"treadle-{names.token(deployment_id)}",
             "max_reconnect_attempts": -1,
-            "error_cb": _log_error,
+            **transport.connect_options(),
         }
         options.update(connect_options or {})
         nc = Client()
-        try:
-            async with asyncio.timeout(connect_timeout):
-                await nc.connect(url, **options)
-        except (TimeoutError, OSError, nats.errors.Error) as exc:
-            await nc.close()
-            reason = exc if str(exc) else f"no connection within {connect_timeout} s"
-            raise errors.StorageUnavailable(
-                f"cannot reach NATS at {_redact(url)}: {reason}"
-            ) from None
+        refused = await _connect(nc, url, options, transport, connect_timeout)
+        if refused is not None:
+            raise refused from None
         try:
             jetstream.check_server_version(_server_version(nc))
             await jetstream.ensure_stream(nc, ns, replicas=replicas)
@@ -256,6 +256,58 @@ def _due_at(delay: float, run_id: str) -> str:
             run_id=run_id,
         ) from exc
     return due.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+async def _connect(
+    nc: Client,
+    url: str,
+    options: dict[str, Any],
+    transport: NatsTransport,
+    connect_timeout: float,
+) -> errors.WorldAuthFailed | None:
+    """Make the first connection; a refusal ends the attempt at once (nats-py would
+    retry it for ever). Later connection errors are only logged."""
+    where = f"cannot connect to NATS at {_redact(url)}"
+    refused: asyncio.Future[errors.WorldAuthFailed] = asyncio.get_running_loop().create_future()
+    connecting = True
+    fallback = options.pop("error_cb", _log_error)
+
+    async def on_error(exc: Exception) -> None:
+        refusal = nats_refusal(exc, transport, where) if connecting else None
+        if refusal is not None:
+            if not refused.done():
+                refused.set_result(refusal)
+            return
+        await fallback(exc)
+
+    attempt: asyncio.Future[None] = asyncio.ensure_future(
+        nc.connect(url, **options, error_cb=on_error)
+    )
+    waiting: set[asyncio.Future[Any]] = {attempt, refused}
+    try:
+        done, _ = await asyncio.wait(
+            waiting, timeout=connect_timeout, return_when=asyncio.FIRST_COMPLETED
+        )
+        if attempt in done:
+            attempt.result()
+            return None
+        attempt.cancel()
+        await asyncio.gather(attempt, return_exceptions=True)
+        await nc.close()
+        if refused.done():
+            return refused.result()
+        raise TimeoutError
+    except (TimeoutError, OSError, nats.errors.Error) as exc:
+        await nc.close()
+        refusal = nats_refusal(exc, transport, where)
+        if refusal is not None:
+            return refusal
+        reason = exc if str(exc) else f"no connection within {connect_timeout} s"
+        raise errors.StorageUnavailable(f"cannot reach NATS at {_redact(url)}: {reason}") from None
+    finally:
+        connecting = False
+        if not attempt.done():
+            attempt.cancel()
 
 
 def _redact(url: str) -> str:
