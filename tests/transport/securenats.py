@@ -112,13 +112,12 @@ def _random_bytes(n: int) -> bytes:
 
 def _config(port: int, store: Path, pki: Pki | None, nkey_public: str) -> str:
     worker_perms = (
-        f"permissions: {{ publish: {_list(WORKER_PUBLISH)}, "
-        f"subscribe: {_list(WORKER_SUBSCRIBE)} }}"
+        f"permissions: {{ publish: {_list(WORKER_PUBLISH)}, subscribe: {_list(WORKER_SUBSCRIBE)} }}"
     )
     inspector_perms = (
         "permissions: { publish: "
         + _list(["$JS.API.INFO", "$JS.API.STREAM.INFO.TREADLE", "$JS.API.DIRECT.GET.>"])
-        + ", subscribe: [\"_INBOX.>\"] }"
+        + ', subscribe: ["_INBOX.>"] }'
     )
     tls = ""
     if pki is not None:

@@ -245,8 +245,10 @@ async def cmd_migrate(args: argparse.Namespace) -> int:
     if not dsn:
         raise common.UsageError("migrate needs --database-url or TREADLE_DATABASE_URL")
     from treadle.worlds.postgres import migrate
+    from treadle.worlds.transport import Transport
 
-    applied = await migrate.migrate(dsn)
+    # TREADLE_DATABASE_SSL* apply to the migration's connection as to the workers'.
+    applied = await migrate.migrate(Transport.from_settings(current).postgres.dsn(dsn))
     if args.json:
         output.emit_json({"applied": applied})
     elif applied:
