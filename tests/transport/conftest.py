@@ -63,6 +63,7 @@ def secure_pg(
     # Not under tmp_path: as root the server runs as nobody, who cannot enter pytest's 0700
     # base directory (tests/postgres/conftest.py does the same).
     directory = Path(tempfile.mkdtemp(prefix="treadle-securepg-"))
+    directory.chmod(0o755)
     try:
         server = securepg.start(directory / "pg", pki)
     except (pgserver.ServerUnavailable, OSError) as exc:
