@@ -49,6 +49,15 @@ log = logging.getLogger("treadle.worlds.nats")
 PUBLISH_TIMEOUT_SECONDS: Final = 10.0
 
 
+def _not_nats_tls_noise(record: logging.LogRecord) -> bool:
+    """nats-py's protocol returns True from ``eof_received``, which asyncio warns about on
+    every TLS connection that ends; a harmless line that would garble the CLI's one error."""
+    return "eof_received() has no effect when using ssl" not in record.getMessage()
+
+
+logging.getLogger("asyncio").addFilter(_not_nats_tls_noise)
+
+
 @dataclass(frozen=True, slots=True)
 class _Prepared:
     message_id: str
@@ -272,13 +281,19 @@ async def _connect(
     connecting = True
     fallback = options.pop("error_cb", _log_error)
 
+    last_error: list[Exception] = []
+
     async def on_error(exc: Exception) -> None:
-        refusal = nats_refusal(exc, transport, where) if connecting else None
-        if refusal is not None:
-            if not refused.done():
-                refused.set_result(refusal)
+        if not connecting:
+            await fallback(exc)
             return
-        await fallback(exc)
+        # While the first connection is tried, an error is either a refusal (the end) or
+        # one more failed try: kept for the timeout's message, not logged as a warning.
+        refusal = nats_refusal(exc, transport, where)
+        if refusal is not None and not refused.done():
+            refused.set_result(refusal)
+        last_error[:] = [exc]
+        log.debug("nats connection attempt to %s failed: %s", _redact(url), exc)
 
     attempt: asyncio.Future[None] = asyncio.ensure_future(
         nc.connect(url, **options, error_cb=on_error)
@@ -303,6 +318,8 @@ async def _connect(
         if refusal is not None:
             return refusal
         reason = exc if str(exc) else f"no connection within {connect_timeout} s"
+        if last_error and not str(exc):
+            reason = f"{reason} (last: {last_error[0]})"
         raise errors.StorageUnavailable(f"cannot reach NATS at {_redact(url)}: {reason}") from None
     finally:
         connecting = False
