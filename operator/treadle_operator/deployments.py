@@ -138,6 +138,7 @@ async def reconcile(state: State, body: dict[str, Any]) -> None:
                     spec=spec,
                     role=role,
                     replicas=replicas,
+                    transport_keys=state.worlds.transport_keys(namespace, spec.world),
                 )
             )
         state.owners[revision_id] = Owner(namespace, name, spec.mirror_runs)

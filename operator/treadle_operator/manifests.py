@@ -3,15 +3,16 @@
 Each revision runs ``treadle worker MODULE --role orchestrator`` and ``--role
 steps`` in two apps/v1 Deployments, with the revision's deployment id in
 ``TREADLE_DEPLOYMENT_ID`` (so they consume only that revision's subjects) and
-the World's URLs from the Secret the WorkflowDeployment names. Both are owned
-by the WorkflowDeployment, so deleting it removes them.
+the World's URLs from the Secret the WorkflowDeployment names, with its
+optional transport keys (credentials, TLS files; ``transport``). Both are
+owned by the WorkflowDeployment, so deleting it removes them.
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from treadle_operator import models
+from treadle_operator import models, transport
 from treadle_operator.models import WorkflowDeploymentSpec
 
 Role = Literal["orchestrator", "steps"]
@@ -48,7 +49,9 @@ def owner_reference(name: str, uid: str) -> dict[str, Any]:
     }
 
 
-def worker_env(spec: WorkflowDeploymentSpec, revision: str) -> list[dict[str, Any]]:
+def worker_env(
+    spec: WorkflowDeploymentSpec, revision: str, transport_keys: frozenset[str] = frozenset()
+) -> list[dict[str, Any]]:
     secret = spec.world.secret_name
     return [
         {"name": "TREADLE_WORLD", "value": "postgres"},
@@ -61,6 +64,7 @@ def worker_env(spec: WorkflowDeploymentSpec, revision: str) -> list[dict[str, An
             "name": "TREADLE_NATS_URL",
             "valueFrom": {"secretKeyRef": {"name": secret, "key": spec.world.nats_url_key}},
         },
+        *transport.worker_env(secret, transport_keys),
         *(spec.env or []),
     ]
 
@@ -76,8 +80,10 @@ def worker_deployment(
     spec: WorkflowDeploymentSpec,
     role: Role,
     replicas: int,
+    transport_keys: frozenset[str] = frozenset(),
 ) -> dict[str, Any]:
-    """One role's Deployment for ``revision`` (image and module are the revision's own)."""
+    """One role's Deployment for ``revision`` (image and module are the revision's own);
+    ``transport_keys`` are the World Secret's transport keys (``transport.present``)."""
     tier = spec.orchestrator if role == "orchestrator" else spec.steps
     container: dict[str, Any] = {
         "name": "worker",
@@ -91,7 +97,7 @@ def worker_deployment(
             "--concurrency",
             str(tier.concurrency),
         ],
-        "env": worker_env(spec, revision),
+        "env": worker_env(spec, revision, transport_keys),
     }
     if spec.image_pull_policy is not None:
         container["imagePullPolicy"] = spec.image_pull_policy
@@ -103,6 +109,10 @@ def worker_deployment(
         # `treadle worker` finishes running deliveries on SIGTERM within --grace (30 s).
         "terminationGracePeriodSeconds": 40,
     }
+    files = transport.worker_volume(spec.world.secret_name, transport_keys)
+    if files is not None:
+        pod_spec["volumes"] = [files[0]]
+        container["volumeMounts"] = [files[1]]
     if spec.service_account_name:
         pod_spec["serviceAccountName"] = spec.service_account_name
     return {

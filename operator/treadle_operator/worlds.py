@@ -3,6 +3,8 @@
 A WorkflowDeployment names a Secret holding the World's PostgreSQL and NATS
 URLs. ``Worlds.get`` reads it and returns one open ``PostgresNatsWorld`` per
 distinct pair of URLs, so a hundred deployments on one World share one pool.
+The Secret's optional transport keys (``transport``: NATS credentials and TLS,
+Postgres TLS) apply to the operator's connection as to the workers'.
 The operator never consumes a queue, so the deployment id a connection is
 opened with does not matter: sends are routed by each message's own.
 """
@@ -12,9 +14,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from treadle.worlds.production import PostgresNatsWorld, redact
+from treadle.worlds.transport import NatsTransport, Transport
+from treadle_operator import transport
 from treadle_operator.errors import WorldSecretMissing, WorldUnavailable
 from treadle_operator.kube import Kube
 from treadle_operator.models import WorldRef
@@ -24,8 +28,10 @@ log = logging.getLogger("treadle.operator.worlds")
 
 @dataclass(frozen=True)
 class WorldUrls:
+    # The DSN carries the Secret's Postgres TLS keys (sslmode, certificate files).
     database_url: str
     nats_url: str
+    nats: NatsTransport = field(default_factory=NatsTransport, repr=False)
 
     def __str__(self) -> str:
         return f"{redact(self.database_url)} + {redact(self.nats_url)}"
@@ -40,6 +46,7 @@ class Worlds:
         self._open: dict[WorldUrls, PostgresNatsWorld] = {}
         self._lock = asyncio.Lock()
         self._on_opened = on_opened
+        self._transport_keys: dict[tuple[str, str], frozenset[str]] = {}
 
     async def urls(self, namespace: str, ref: WorldRef) -> WorldUrls:
         data = await self._kube.secret(namespace, ref.secret_name)
@@ -50,7 +57,21 @@ class Worlds:
             raise WorldSecretMissing(
                 f"Secret {namespace}/{ref.secret_name} has no key {', '.join(missing)}"
             )
-        return WorldUrls(data[ref.database_url_key], data[ref.nats_url_key])
+        where = f"{namespace}/{ref.secret_name}"
+        keys = transport.present(data)
+        self._transport_keys[(namespace, ref.secret_name)] = keys
+        if not keys:
+            return WorldUrls(data[ref.database_url_key], data[ref.nats_url_key])
+        tls = transport.operator_transport(where, data)
+        try:
+            database_url = tls.postgres.dsn(data[ref.database_url_key])
+        except Exception as exc:
+            raise WorldSecretMissing(f"Secret {where}: {exc}") from None
+        return WorldUrls(database_url, data[ref.nats_url_key], tls.nats)
+
+    def transport_keys(self, namespace: str, ref: WorldRef) -> frozenset[str]:
+        """The transport keys the Secret held when last read (for the worker pods)."""
+        return self._transport_keys.get((namespace, ref.secret_name), frozenset())
 
     async def get(self, namespace: str, ref: WorldRef) -> PostgresNatsWorld:
         urls = await self.urls(namespace, ref)
@@ -60,7 +81,10 @@ class Worlds:
                 return world
             try:
                 world = await PostgresNatsWorld.connect(
-                    urls.database_url, urls.nats_url, deployment_id="treadle-operator"
+                    urls.database_url,
+                    urls.nats_url,
+                    deployment_id="treadle-operator",
+                    transport=Transport(nats=urls.nats),
                 )
             except Exception as exc:
                 raise WorldUnavailable(f"cannot open the World at {urls}: {exc}") from exc
