@@ -56,6 +56,22 @@ def token_nats(tmp_path_factory: pytest.TempPathFactory) -> Iterator[securenats.
 
 
 @pytest.fixture(scope="session")
+def creds_nats(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[securenats.SecureNats, Path]]:
+    """nats-server in operator mode (JWT accounts) and a worker's ``.creds`` file."""
+    try:
+        server, creds = securenats.start_creds_server(tmp_path_factory.mktemp("creds-nats"))
+    except natsserver.ServerUnavailable as exc:
+        print(exc)
+        pytest.skip(str(exc))
+    try:
+        yield server, creds
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
 def secure_pg(
     tmp_path_factory: pytest.TempPathFactory, pki: certs.Pki
 ) -> Iterator[securepg.SecurePostgres]:

@@ -9,6 +9,8 @@ documents, for the default stream ``TREADLE`` and prefix ``treadle``:
 - account ``TREADLE`` (JetStream on) with
   - ``worker`` (password): may publish only treadle's subjects and the
     JetStream API of treadle's own stream and lease bucket;
+  - ``operator`` (password): the operator's connection, with the worker's
+    permissions (it sends and reads consumer backlogs, and consumes nothing);
   - ``inspector`` (password): may only read (stream info, direct gets);
   - a worker keyed by an NKey (``nkey_seed``), same permissions as ``worker``;
 - account ``OTHER`` with ``outsider``: another tenant, which sees nothing of
@@ -140,7 +142,7 @@ accounts {{
       {{ user: "worker", password: {_q(WORKER_PASSWORD)}, {worker_perms} }}
       {{ nkey: {_q(nkey_public)}, {worker_perms} }}
       {{ user: "inspector", password: {_q(INSPECTOR_PASSWORD)}, {inspector_perms} }}
-      {{ user: "operator", password: {_q(OPERATOR_PASSWORD)} }}
+      {{ user: "operator", password: {_q(OPERATOR_PASSWORD)}, {worker_perms} }}
     ]
   }}
   OTHER {{
@@ -187,6 +189,23 @@ def start(directory: Path, pki: Pki | None) -> SecureNats:
     config, log_path, process = _launch(directory, text, port)
     scheme = "tls" if pki is not None else "nats"
     return SecureNats(f"{scheme}://127.0.0.1:{port}", port, config, log_path, seed_file, process)
+
+
+def start_creds_server(directory: Path) -> tuple[SecureNats, Path]:
+    """A nats-server in operator mode (JWTs) and a worker's ``.creds`` file for it."""
+    from . import natsjwt
+
+    directory.mkdir(parents=True, exist_ok=True)
+    port = natsserver._free_port()
+    auth = natsjwt.make(directory, publish=WORKER_PUBLISH, subscribe=WORKER_SUBSCRIBE)
+    text = f"""
+listen: "127.0.0.1:{port}"
+jetstream {{ store_dir: {_q(str(directory / "store"))} }}
+{auth.config}
+"""
+    config, log_path, process = _launch(directory, text, port)
+    server = SecureNats(f"nats://127.0.0.1:{port}", port, config, log_path, Path(), process)
+    return server, auth.creds
 
 
 def start_token_server(directory: Path) -> SecureNats:

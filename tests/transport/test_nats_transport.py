@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
+from pathlib import Path
 
 import nats
 import pytest
@@ -22,6 +23,7 @@ from treadle.world.conformance import queue as conformance
 from treadle.worlds.nats import NatsQueue
 from treadle.worlds.transport import NatsTransport
 
+from . import natsjwt
 from .certs import Pki
 from .securenats import (
     INSPECTOR_PASSWORD,
@@ -83,6 +85,9 @@ async def test_a_worker_sends_and_consumes_over_mutual_tls_with_its_password(
         await queue.send(conformance.orchestrator_message(run_id))
         assert await asyncio.wait_for(got, 20) == run_id
         await consumer.close(grace_seconds=1)
+        # What the CLI does with the same user: list dead letters, read a backlog.
+        assert await queue.dead_letters() == []
+        assert await queue.pending("orchestrator", "mtls") == 0
     finally:
         await queue.close()
     assert "Permissions Violation" not in secure_nats.log_text()
@@ -198,3 +203,37 @@ async def test_the_operator_user_opens_the_queue(secure_nats: SecureNats, pki: P
         secure_nats.url, deployment_id="treadle-operator", transport=transport
     )
     await queue.close()
+
+
+async def test_a_creds_file_authenticates_with_the_permissions_in_its_jwt(
+    creds_nats: tuple[SecureNats, Path], tmp_path: Path
+) -> None:
+    """A ``.creds`` file (user JWT + seed) in operator mode: the worker opens the queue and
+    sends; a creds file another operator signed is refused with the one clear error."""
+    server, creds = creds_nats
+    queue = await NatsQueue.connect(
+        server.url, deployment_id="creds", transport=NatsTransport(creds_file=str(creds))
+    )
+    try:
+        await queue.send(conformance.orchestrator_message(ids.new_run_id()))
+        # The JWT's permissions hold: outside treadle's subjects the server refuses.
+        seen: list[str] = []
+        refused_once = asyncio.Event()
+
+        async def on_error(exc: Exception) -> None:
+            seen.append(str(exc))
+            refused_once.set()
+
+        nc = await nats.connect(server.url, user_credentials=str(creds), error_cb=on_error)
+        try:
+            await nc.publish("orders.created", b"{}")
+            await nc.flush()
+            await asyncio.wait_for(refused_once.wait(), 10)
+        finally:
+            await nc.close()
+        assert any("permissions violation" in s.lower() for s in seen), seen
+    finally:
+        await queue.close()
+    stranger = natsjwt.make(tmp_path, publish=[">"], subscribe=[">"])
+    failure = await refused(server.url, NatsTransport(creds_file=str(stranger.creds)), "strange")
+    assert "TREADLE_NATS_CREDS_FILE" in failure.hint
