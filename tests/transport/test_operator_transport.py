@@ -126,3 +126,33 @@ def test_unusable_transport_keys_are_one_error_naming_the_keys_not_the_values() 
     assert "TREADLE_DATABASE_SSLMODE must be one of" in message
     assert "database-sslmode, nats-password, nats-user" in message
     assert "hunter2" not in message
+
+
+def test_the_charts_world_secret_carries_the_transport_keys() -> None:
+    """``world.transport`` values land in the Secret the chart makes, keys unchanged."""
+    import jsonschema
+    import yaml
+
+    from ..chart import render
+
+    chart = Path(__file__).resolve().parents[2] / "charts" / "treadle"
+    world = {
+        "create": True,
+        "secretName": "treadle-world",
+        "databaseUrl": "postgresql://u@db:5432/t",
+        "natsUrl": "tls://nats:4222",
+        "transport": {
+            "nats-creds": "-----BEGIN NATS USER JWT-----\nx\n",
+            "database-sslmode": "verify-full",
+        },
+    }
+    made = [m.body for m in render.render_chart(chart, {"world": world}) if m.kind == "Secret"]
+    assert made[0]["stringData"]["nats-creds"] == "-----BEGIN NATS USER JWT-----\nx\n"
+    assert made[0]["stringData"]["database-sslmode"] == "verify-full"
+    schema = yaml.safe_load((chart / "values.schema.json").read_text())
+    values = yaml.safe_load((chart / "values.yaml").read_text())
+    jsonschema.validate({**values, "world": world}, schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(
+            {**values, "world": {**world, "transport": {"nats-pasword": "x"}}}, schema
+        )
