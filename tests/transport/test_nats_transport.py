@@ -23,6 +23,7 @@ from treadle.world.conformance import queue as conformance
 from treadle.worlds.nats import NatsQueue
 from treadle.worlds.transport import NatsTransport
 
+from ..nats.conftest import NatsServer, nats_server
 from . import natsjwt
 from .certs import Pki
 from .securenats import (
@@ -32,6 +33,8 @@ from .securenats import (
     WORKER_PASSWORD,
     SecureNats,
 )
+
+__all__ = ["nats_server"]
 
 CONNECT_TIMEOUT = 8.0
 
@@ -145,6 +148,33 @@ async def test_a_token_authenticates_and_a_wrong_token_is_refused(token_nats: Se
     failure = await refused(token_nats.url, NatsTransport(token="t0ken-guess"), "badtoken")
     assert "TREADLE_NATS_TOKEN" in failure.hint
     assert "t0ken-guess" not in str(failure)
+
+
+async def test_a_tls_configured_worker_refuses_a_server_without_tls(
+    token_nats: SecureNats, pki: Pki
+) -> None:
+    """nats-py would fall back to plaintext when the server does not ask for TLS (a
+    misconfigured server, or a downgrade in the middle): treadle refuses instead."""
+    log_before = len(token_nats.log_text())
+    for url, tls_ca in (
+        (token_nats.url, str(pki.ca)),
+        (token_nats.url.replace("nats:", "tls:"), None),
+    ):
+        transport = NatsTransport(token=TOKEN, tls_ca=tls_ca)
+        failure = await refused(url, transport, "downgrade")
+        assert "did not offer TLS" in failure.what
+        assert TOKEN not in str(failure)
+    # The token was never sent in the clear: the server saw no client authenticate.
+    assert "authentication error" not in token_nats.log_text()[log_before:]
+
+
+async def test_a_tls_configured_worker_without_a_password_refuses_a_plaintext_server(
+    nats_server: NatsServer, pki: Pki
+) -> None:
+    """No secret to guard (an open server): the connection is refused once it turns out
+    to be plaintext, so no worker runs on an unencrypted queue it was told to encrypt."""
+    failure = await refused(nats_server.url, NatsTransport(tls_ca=str(pki.ca)), "plain-nocred")
+    assert "did not offer TLS" in failure.what
 
 
 async def _violations(url: str, pki: Pki, user: str, password: str, subject: str) -> list[str]:

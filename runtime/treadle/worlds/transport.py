@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import os
 import ssl
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, Literal, get_args
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -128,14 +128,24 @@ class NatsTransport:
                 ) from None
         return context
 
-    def connect_options(self) -> dict[str, Any]:
-        """Keyword arguments for nats-py's ``Client.connect``."""
+    def connect_options(
+        self, *, require_tls: bool = False, tls_in_effect: Callable[[], bool] | None = None
+    ) -> dict[str, Any]:
+        """Keyword arguments for nats-py's ``Client.connect``.
+
+        With TLS wanted (``uses_tls`` or ``require_tls``, for a ``tls://`` URL) and
+        ``tls_in_effect`` given, the password and token are handed over only when that
+        says the connection is encrypted: nats-py falls back to plaintext when a server
+        (or a man in the middle) does not ask for TLS, and would send them in the clear.
+        The refusal (``PlaintextRefused``) ends the connection attempt.
+        """
         options: dict[str, Any] = {}
+        guard = tls_in_effect if (self.uses_tls or require_tls) else None
         if self.user is not None:
             options["user"] = self.user
-            options["password"] = self.password
+            options["password"] = _guarded(self.password or "", guard)
         if self.token is not None:
-            options["token"] = self.token
+            options["token"] = _guarded(self.token, guard)
         if self.nkey_seed_file:
             options["nkeys_seed"] = self.nkey_seed_file
         if self.creds_file:
@@ -158,6 +168,22 @@ class NatsTransport:
         if self.user is not None:
             return "TREADLE_NATS_USER and TREADLE_NATS_PASSWORD"
         return "TREADLE_NATS_URL (no credential setting is set)"
+
+
+class PlaintextRefused(Exception):
+    """A secret was about to cross a NATS connection that TLS does not protect."""
+
+
+def _guarded(secret: str, tls_in_effect: Callable[[], bool] | None) -> str | Callable[[], str]:
+    if tls_in_effect is None:
+        return secret
+
+    def give() -> str:
+        if not tls_in_effect():
+            raise PlaintextRefused("the NATS server did not offer TLS")
+        return secret
+
+    return give
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,6 +314,14 @@ def nats_refusal(
         else:
             hint = "check TREADLE_NATS_TLS_CA, TREADLE_NATS_TLS_CERT and TREADLE_NATS_TLS_KEY"
         return errors.WorldAuthFailed(NATS, where, f"the TLS handshake failed ({reason})", hint)
+    if isinstance(exc, PlaintextRefused):
+        return errors.WorldAuthFailed(
+            NATS,
+            where,
+            "the server did not offer TLS, and treadle is configured for it (nothing secret "
+            "was sent)",
+            "turn TLS on in the server, or unset TREADLE_NATS_TLS_* and use a nats:// URL",
+        )
     text = str(exc).lower()
     if any(word in text for word in _NATS_AUTH_WORDS) or type(exc).__name__ == "AuthorizationError":
         return errors.WorldAuthFailed(

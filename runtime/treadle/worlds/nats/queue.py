@@ -42,7 +42,7 @@ from treadle import errors
 from treadle.world import contract, ids, messages, queuerules, records, routing
 from treadle.worlds.nats import deadletters, jetstream, leases, names
 from treadle.worlds.nats.consumer import NatsConsumer
-from treadle.worlds.transport import NatsTransport, nats_refusal
+from treadle.worlds.transport import NatsTransport, PlaintextRefused, nats_refusal
 
 log = logging.getLogger("treadle.worlds.nats")
 
@@ -119,13 +119,17 @@ class NatsQueue:
         )
         tuning = tuning or contract.QueueTuning()
         transport = transport or NatsTransport()
+        nc = Client()
         options: dict[str, Any] = {
             "name": f"treadle-{names.token(deployment_id)}",
             "max_reconnect_attempts": -1,
-            **transport.connect_options(),
+            **transport.connect_options(
+                require_tls=_wants_tls(url),
+                # nats-py upgrades to TLS exactly when the server's INFO requires it.
+                tls_in_effect=lambda: bool(nc._server_info.get("tls_required")),
+            ),
         }
         options.update(connect_options or {})
-        nc = Client()
         refused = await _connect(nc, url, options, transport, connect_timeout)
         if refused is not None:
             raise refused from None
@@ -305,14 +309,14 @@ async def _connect(
         )
         if attempt in done:
             attempt.result()
-            return None
+            return await _refuse_plaintext(nc, url, transport, where)
         attempt.cancel()
         await asyncio.gather(attempt, return_exceptions=True)
         await nc.close()
         if refused.done():
             return refused.result()
         raise TimeoutError
-    except (TimeoutError, OSError, nats.errors.Error) as exc:
+    except (TimeoutError, OSError, nats.errors.Error, PlaintextRefused) as exc:
         await nc.close()
         refusal = nats_refusal(exc, transport, where)
         if refusal is not None:
@@ -325,6 +329,28 @@ async def _connect(
         connecting = False
         if not attempt.done():
             attempt.cancel()
+
+
+async def _refuse_plaintext(
+    nc: Client, url: str, transport: NatsTransport, where: str
+) -> errors.WorldAuthFailed | None:
+    """nats-py upgrades to TLS only when the server's INFO asks for it, so a server (or a
+    man in the middle) that does not ask gets a plaintext connection even from a client
+    configured for TLS: refuse it. (A password or token is never sent over it: the
+    transport's guard refuses at CONNECT; this catches credential-less connections.)"""
+    if not (transport.uses_tls or _wants_tls(url)) or nc._server_info.get("tls_required"):
+        return None
+    await nc.close()
+    return errors.WorldAuthFailed(
+        "NATS",
+        where,
+        "the server did not offer TLS, and treadle is configured for it",
+        "turn TLS on in the server, or unset TREADLE_NATS_TLS_* and use a nats:// URL",
+    )
+
+
+def _wants_tls(url: str) -> bool:
+    return any(one.strip().lower().startswith("tls://") for one in url.split(","))
 
 
 def _redact(url: str) -> str:
