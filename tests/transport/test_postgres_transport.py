@@ -20,6 +20,7 @@ from treadle.worlds.postgres.migrate import migrate
 from treadle.worlds.transport import PostgresTransport, Transport
 
 from ..postgres import pgserver
+from ..postgres.conftest import pg_clones, pg_dsn, pg_server
 from .certs import Pki
 from .securepg import (
     INSPECTOR_PASSWORD,
@@ -28,6 +29,8 @@ from .securepg import (
     WORKER_PASSWORD,
     SecurePostgres,
 )
+
+__all__ = ["pg_clones", "pg_dsn", "pg_server"]
 
 
 def verified(pki: Pki, **more: str) -> PostgresTransport:
@@ -139,3 +142,13 @@ def test_the_dsn_keeps_its_own_parameters_and_the_settings_win() -> None:
     )
     assert PostgresTransport().dsn(dsn) == dsn
     assert pgserver.SUPERUSER == "postgres"
+
+
+async def test_sslmode_require_against_a_server_without_tls_is_one_clear_error(
+    pg_dsn: str, pki: Pki
+) -> None:
+    """The embedded server of tests/postgres has no TLS: asking for it never falls back."""
+    for mode in ("require", "verify-full"):
+        transport = PostgresTransport(sslmode=mode, sslrootcert=str(pki.ca))
+        with pytest.raises(errors.WorldAuthFailed, match="does not offer TLS"):
+            await PostgresStorage.connect(transport.dsn(pg_dsn))

@@ -373,6 +373,13 @@ def postgres_refusal(exc: BaseException, where: str) -> errors.WorldAuthFailed |
             "check TREADLE_DATABASE_SSLROOTCERT, TREADLE_DATABASE_SSLCERT and "
             "TREADLE_DATABASE_SSLKEY",
         )
+    if "rejected ssl upgrade" in text.lower():
+        return errors.WorldAuthFailed(
+            POSTGRES,
+            where,
+            "the server does not offer TLS, and TREADLE_DATABASE_SSLMODE asks for it",
+            "turn ssl on in the server, or set TREADLE_DATABASE_SSLMODE=disable",
+        )
     if type(exc).__name__ == "ClientConfigurationError" or (
         "ssl" in text.lower() and "not support" in text.lower()
     ):
