@@ -108,6 +108,15 @@ async def test_no_client_certificate_is_one_clear_error(secure_nats: SecureNats,
     assert "TREADLE_NATS_TLS_CERT" in failure.hint
 
 
+async def test_a_client_certificate_from_another_ca_is_one_clear_error(
+    secure_nats: SecureNats, pki: Pki
+) -> None:
+    transport = worker(pki, tls_cert=str(pki.other_client_cert), tls_key=str(pki.other_client_key))
+    failure = await refused(secure_nats.url, transport, "othercert")
+    assert "TLS handshake failed" in failure.what
+    assert "TREADLE_NATS_TLS_CERT" in failure.hint
+
+
 async def test_a_server_certificate_from_another_ca_is_one_clear_error(
     secure_nats: SecureNats, pki: Pki
 ) -> None:
