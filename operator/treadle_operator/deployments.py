@@ -20,7 +20,7 @@ from typing import Any
 from treadle.world import contract
 from treadle.world.records import RunStatus
 from treadle.worlds.production import PostgresNatsWorld
-from treadle_operator import kube, manifests, models, podsecurity, revisions
+from treadle_operator import kube, manifests, models, podsecurity, revisions, transport
 from treadle_operator.conditions import condition, merge_conditions
 from treadle_operator.errors import (
     WorldHostRefused,
@@ -96,7 +96,9 @@ async def reconcile(state: State, body: dict[str, Any]) -> None:
     namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
     spec = WorkflowDeploymentSpec.model_validate(body.get("spec") or {})
     status = models.parse_status(WorkflowDeploymentStatus, body.get("status"))
-    refused = podsecurity.reserved_env(spec, manifests.operator_env(spec, "-"))
+    # Reserved: every name the operator may set, the transport keys' included.
+    every_key = frozenset(transport.SECRET_KEYS)
+    refused = podsecurity.reserved_env(spec, manifests.operator_env(spec, "-", every_key))
     if refused is not None:
         await _refuse(state, body, status, refused)
         return
@@ -155,6 +157,7 @@ async def reconcile(state: State, body: dict[str, Any]) -> None:
                     spec=spec,
                     role=role,
                     replicas=replicas,
+                    transport_keys=state.worlds.transport_keys(namespace, spec.world),
                 )
             )
         state.owners[revision_id] = Owner(namespace, name, spec.mirror_runs)

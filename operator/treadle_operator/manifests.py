@@ -3,7 +3,8 @@
 Each revision runs ``treadle worker MODULE --role orchestrator`` and ``--role
 steps`` in two apps/v1 Deployments, with the revision's deployment id in
 ``TREADLE_DEPLOYMENT_ID`` (so they consume only that revision's subjects) and
-the World's URLs from the Secret the WorkflowDeployment names. Both are owned
+the World's URLs from the Secret the WorkflowDeployment names, with its
+optional transport keys (credentials, TLS files; ``transport``). Both are owned
 by the WorkflowDeployment, so deleting it removes them. Pods run restricted
 (``podsecurity``: non-root, read-only root with an emptyDir at /tmp, no
 privilege escalation, no capabilities, RuntimeDefault seccomp).
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from treadle_operator import models, podsecurity
+from treadle_operator import models, podsecurity, transport
 from treadle_operator.models import WorkflowDeploymentSpec
 
 Role = Literal["orchestrator", "steps"]
@@ -50,13 +51,18 @@ def owner_reference(name: str, uid: str) -> dict[str, Any]:
     }
 
 
-def worker_env(spec: WorkflowDeploymentSpec, revision: str) -> list[dict[str, Any]]:
+def worker_env(
+    spec: WorkflowDeploymentSpec, revision: str, transport_keys: frozenset[str] = frozenset()
+) -> list[dict[str, Any]]:
     """The operator's variables, then ``spec.env`` (checked by ``podsecurity.reserved_env``)."""
-    return [*operator_env(spec, revision), *(spec.env or [])]
+    return [*operator_env(spec, revision, transport_keys), *(spec.env or [])]
 
 
-def operator_env(spec: WorkflowDeploymentSpec, revision: str) -> list[dict[str, Any]]:
-    """What the operator sets for every worker; ``spec.env`` may not set these names."""
+def operator_env(
+    spec: WorkflowDeploymentSpec, revision: str, transport_keys: frozenset[str] = frozenset()
+) -> list[dict[str, Any]]:
+    """What the operator sets for every worker; ``spec.env`` may not set these names
+    (``transport_keys``: the World Secret's optional transport keys it passes on)."""
     secret = spec.world.secret_name
     return [
         {"name": "TREADLE_WORLD", "value": "postgres"},
@@ -79,6 +85,7 @@ def operator_env(spec: WorkflowDeploymentSpec, revision: str) -> list[dict[str, 
                 }
             },
         },
+        *transport.worker_env(secret, transport_keys),
     ]
 
 
@@ -93,8 +100,10 @@ def worker_deployment(
     spec: WorkflowDeploymentSpec,
     role: Role,
     replicas: int,
+    transport_keys: frozenset[str] = frozenset(),
 ) -> dict[str, Any]:
-    """One role's Deployment for ``revision`` (image and module are the revision's own)."""
+    """One role's Deployment for ``revision`` (image and module are the revision's own);
+    ``transport_keys`` are the World Secret's transport keys (``transport.present``)."""
     tier = spec.orchestrator if role == "orchestrator" else spec.steps
     container: dict[str, Any] = {
         "name": "worker",
@@ -108,7 +117,7 @@ def worker_deployment(
             "--concurrency",
             str(tier.concurrency),
         ],
-        "env": worker_env(spec, revision),
+        "env": worker_env(spec, revision, transport_keys),
         "securityContext": podsecurity.container_security(spec),
         "volumeMounts": [{"name": podsecurity.TMP_VOLUME, "mountPath": podsecurity.TMP_PATH}],
     }
@@ -124,6 +133,10 @@ def worker_deployment(
         "securityContext": podsecurity.pod_security(spec),
         "volumes": [{"name": podsecurity.TMP_VOLUME, "emptyDir": {}}],
     }
+    files = transport.worker_volume(spec.world.secret_name, transport_keys)
+    if files is not None:
+        pod_spec["volumes"].append(files[0])
+        container["volumeMounts"].append(files[1])
     if spec.service_account_name:
         pod_spec["serviceAccountName"] = spec.service_account_name
     else:

@@ -42,6 +42,7 @@ its message names them too::
         └── StorageUnavailable        the World's storage cannot be opened or used
             ├── StorageLocked         another process holds a local World
             ├── IncompatibleStorage   a corrupt, foreign or newer database
+            ├── WorldAuthFailed       a server refused treadle's credentials or TLS
             └── ReadTimedOut          a read of a run's log did not answer in time
 
 Only ``InBandSuperseded`` means "another orchestrator may be writing": the
@@ -449,6 +450,24 @@ class StorageLocked(StorageUnavailable):
 
 class IncompatibleStorage(StorageUnavailable):
     """The storage is corrupt, belongs to something else, or has a newer schema."""
+
+
+class WorldAuthFailed(StorageUnavailable):
+    """A World server (NATS or PostgreSQL) refused the connection for good: a wrong or
+    missing credential, a certificate it does not trust, or TLS it requires.
+
+    Retrying cannot fix it, so it is raised at once, at start. ``server``
+    (``"NATS"`` or ``"PostgreSQL"``), ``where`` (what was being connected to, by
+    host, never the URL), ``what`` failed and the ``hint`` naming the setting to
+    fix; no secret is ever in it.
+    """
+
+    def __init__(self, server: str, where: str, what: str, hint: str) -> None:
+        super().__init__(f"{where}: {what}; {hint}")
+        self.server = server
+        self.where = where
+        self.what = what
+        self.hint = hint
 
 
 class ReadTimedOut(StorageUnavailable):

@@ -177,8 +177,56 @@ class Settings(BaseSettings):
             raise errors.SettingsError(f"TREADLE_PAYLOAD_KEY_FILE={path!r} is empty")
         return text
 
+    # Authenticated, encrypted transport (treadle.worlds.transport; docs/security-transport.md).
+    TREADLE_NATS_USER: str | None = Field(default=None, description="NATS user name.")
+    TREADLE_NATS_PASSWORD: SecretStr | None = Field(
+        default=None, description="NATS password of TREADLE_NATS_USER (never logged)."
+    )
+    TREADLE_NATS_PASSWORD_FILE: str | None = Field(
+        default=None, description="A file holding TREADLE_NATS_PASSWORD; read at start."
+    )
+    TREADLE_NATS_TOKEN: SecretStr | None = Field(
+        default=None, description="NATS authentication token (never logged)."
+    )
+    TREADLE_NATS_TOKEN_FILE: str | None = Field(
+        default=None, description="A file holding TREADLE_NATS_TOKEN; read at start."
+    )
+    TREADLE_NATS_NKEY_FILE: str | None = Field(
+        default=None, description="A file holding the NATS user's NKey seed (SU...)."
+    )
+    TREADLE_NATS_CREDS_FILE: str | None = Field(
+        default=None, description="A NATS .creds file (user JWT and NKey seed)."
+    )
+    TREADLE_NATS_TLS_CA: str | None = Field(
+        default=None, description="CA bundle (PEM) that signs the NATS server's certificate."
+    )
+    TREADLE_NATS_TLS_CERT: str | None = Field(
+        default=None, description="Client certificate (PEM) for NATS mutual TLS."
+    )
+    TREADLE_NATS_TLS_KEY: str | None = Field(
+        default=None, description="Key (PEM) of TREADLE_NATS_TLS_CERT."
+    )
+    TREADLE_NATS_TLS_SERVER_NAME: str | None = Field(
+        default=None, description="Name the NATS server's certificate must carry (SNI)."
+    )
+    TREADLE_DATABASE_SSLMODE: str | None = Field(
+        default=None,
+        description="libpq sslmode for PostgreSQL: disable, allow, prefer, require, "
+        "verify-ca or verify-full (unset: the DSN's, else prefer).",
+    )
+    TREADLE_DATABASE_SSLROOTCERT: str | None = Field(
+        default=None, description="CA bundle (PEM) that signs the PostgreSQL server's certificate."
+    )
+    TREADLE_DATABASE_SSLCERT: str | None = Field(
+        default=None, description="Client certificate (PEM) for PostgreSQL."
+    )
+    TREADLE_DATABASE_SSLKEY: str | None = Field(
+        default=None, description="Key (PEM) of TREADLE_DATABASE_SSLCERT."
+    )
+
     def secret_url(self, name: str) -> str | None:
-        """``NAME``, or the first line of the file ``NAME_FILE`` names (never logged)."""
+        """``NAME``, or the first line of the file ``NAME_FILE`` names (never logged): the
+        URLs, and the NATS password and token."""
         value = getattr(self, name)
         if isinstance(value, SecretStr) and value.get_secret_value():
             return _readable(name, value.get_secret_value())

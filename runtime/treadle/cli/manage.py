@@ -277,8 +277,10 @@ async def cmd_migrate(args: argparse.Namespace) -> int:
     current = common.use_world(args.world)
     dsn = _migration_dsn(args, current)
     from treadle.worlds.postgres import migrate
+    from treadle.worlds.transport import Transport
 
-    applied = await migrate.migrate(dsn)
+    # TREADLE_DATABASE_SSL* apply to the migration's connection as to the workers'.
+    applied = await migrate.migrate(Transport.from_settings(current).postgres.dsn(dsn))
     if args.json:
         output.emit_json({"applied": applied})
     elif applied:

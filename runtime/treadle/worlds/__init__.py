@@ -44,6 +44,7 @@ async def open_world(
     if url == "postgres":
         from treadle.settings import load
         from treadle.worlds.production import PostgresNatsWorld
+        from treadle.worlds.transport import Transport
 
         config = settings or load()
         database_url = config.secret_url("TREADLE_DATABASE_URL")
@@ -59,6 +60,7 @@ async def open_world(
             deployment_id=config.TREADLE_DEPLOYMENT_ID,
             tuning=tuning,
             statement_timeout_ms=config.TREADLE_DATABASE_STATEMENT_TIMEOUT_MS,
+            transport=Transport.from_settings(config),
         )
     from treadle.redaction import looks_secret, shown
 

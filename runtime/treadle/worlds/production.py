@@ -1,8 +1,9 @@
 """The production World: Postgres storage (``worlds.postgres``) and a NATS JetStream queue
 (``worlds.nats``), opened together from ``TREADLE_DATABASE_URL`` and ``TREADLE_NATS_URL``.
 
-Credentials come from the URLs (or what they point at) and are never logged:
-errors name the host, not the URL.
+Credentials come from the URLs (or what they point at) and from the transport
+settings (``transport``: NATS credentials and TLS, Postgres TLS); they are never
+logged: errors name the host, not the URL.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 from treadle import errors
 from treadle.redaction import redact_url
 from treadle.world import contract
+from treadle.worlds.transport import Transport, postgres_refusal
 
 CAPABILITIES = contract.Capabilities(
     in_band_fence=True, serializes_runs=True, coalesces=True, live_feed=True
@@ -53,18 +55,28 @@ class PostgresNatsWorld:
         stream: str | None = None,
         subject_prefix: str | None = None,
         statement_timeout_ms: int | None = None,
+        transport: Transport | None = None,
     ) -> PostgresNatsWorld:
+        """Open both halves; ``transport`` carries credentials and TLS (default: none beyond
+        the URLs). A server refusing them is ``WorldAuthFailed``, raised at once."""
         from treadle.worlds.nats import NatsQueue, names
         from treadle.worlds.postgres import PostgresStorage
         from treadle.worlds.postgres.database import STATEMENT_TIMEOUT_MS
 
         if statement_timeout_ms is None:
             statement_timeout_ms = STATEMENT_TIMEOUT_MS
+        transport = transport or Transport()
+        database_url = transport.postgres.dsn(database_url)
         try:
             storage = await PostgresStorage.connect(
                 database_url, check_schema=check_schema, statement_timeout_ms=statement_timeout_ms
             )
         except OSError as exc:
+            refusal = postgres_refusal(
+                exc, f"cannot connect to PostgreSQL at {redact(database_url)}"
+            )
+            if refusal is not None:
+                raise refusal from None
             raise errors.StorageUnavailable(
                 f"cannot reach PostgreSQL at {redact(database_url)}: {exc.strerror or exc}"
             ) from None
@@ -75,6 +87,7 @@ class PostgresNatsWorld:
                 tuning=tuning,
                 stream=stream or names.DEFAULT_STREAM,
                 subject_prefix=subject_prefix or names.DEFAULT_SUBJECT_PREFIX,
+                transport=transport.nats,
             )
         except BaseException:
             await storage.close()

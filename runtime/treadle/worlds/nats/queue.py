@@ -41,10 +41,20 @@ from treadle import errors, redaction
 from treadle.world import contract, ids, messages, queuerules, records, routing
 from treadle.worlds.nats import deadletters, jetstream, leases, names
 from treadle.worlds.nats.consumer import NatsConsumer
+from treadle.worlds.transport import NatsTransport, PlaintextRefused, nats_refusal
 
 log = logging.getLogger("treadle.worlds.nats")
 
 PUBLISH_TIMEOUT_SECONDS: Final = 10.0
+
+
+def _not_nats_tls_noise(record: logging.LogRecord) -> bool:
+    """nats-py's protocol returns True from ``eof_received``, which asyncio warns about on
+    every TLS connection that ends; a harmless line that would garble the CLI's one error."""
+    return "eof_received() has no effect when using ssl" not in record.getMessage()
+
+
+logging.getLogger("asyncio").addFilter(_not_nats_tls_noise)
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,14 +96,18 @@ class NatsQueue:
         replicas: int = 1,
         connect_timeout: float = 10.0,
         connect_options: Mapping[str, Any] | None = None,
+        transport: NatsTransport | None = None,
     ) -> NatsQueue:
         """Connect, check the server, and create the stream and lease bucket if missing.
 
         ``stream`` and ``subject_prefix`` default to ``TREADLE`` and ``treadle``; a
         second queue on one server needs both of its own. Once connected the client
         reconnects for ever; the first connection must be made within
-        ``connect_timeout`` seconds, else ``StorageUnavailable``. ``connect_options``
-        go to nats-py's ``Client.connect`` (credentials, TLS).
+        ``connect_timeout`` seconds, else ``StorageUnavailable``. ``transport`` carries
+        credentials and TLS (``worlds.transport``); a server refusing them (a wrong
+        password, an untrusted certificate, TLS it requires) is ``WorldAuthFailed`` at
+        once, not after the timeout. ``connect_options`` go to nats-py's
+        ``Client.connect`` as they are.
         """
         ns = names.Names(
             stream=names.validate_name(stream or names.DEFAULT_STREAM, "stream name"),
@@ -103,10 +117,16 @@ class NatsQueue:
             deployment=deployment_id,
         )
         tuning = tuning or contract.QueueTuning()
+        transport = transport or NatsTransport()
+        nc = Client()
         options: dict[str, Any] = {
             "name": f"treadle-{names.token(deployment_id)}",
             "max_reconnect_attempts": -1,
-            "error_cb": _log_error,
+            **transport.connect_options(
+                require_tls=_wants_tls(url),
+                # nats-py upgrades to TLS exactly when the server's INFO requires it.
+                tls_in_effect=lambda: bool(nc._server_info.get("tls_required")),
+            ),
         }
         options.update(connect_options or {})
         # One URL per server (a comma list crashed nats-py), each checked first: a
@@ -114,16 +134,9 @@ class NatsQueue:
         servers = redaction.split_servers(url)
         for server in servers or [url]:
             redaction.require_readable(server, "the NATS URL")
-        nc = Client()
-        try:
-            async with asyncio.timeout(connect_timeout):
-                await nc.connect(servers, **options)
-        except (TimeoutError, OSError, nats.errors.Error) as exc:
-            await nc.close()
-            reason = exc if str(exc) else f"no connection within {connect_timeout} s"
-            raise errors.StorageUnavailable(
-                f"cannot reach NATS at {_redact(url)}: {reason}"
-            ) from None
+        refused = await _connect(nc, url, servers or [url], options, transport, connect_timeout)
+        if refused is not None:
+            raise refused from None
         try:
             jetstream.check_server_version(_server_version(nc))
             await jetstream.ensure_stream(nc, ns, replicas=replicas)
@@ -260,6 +273,89 @@ def _due_at(delay: float, run_id: str) -> str:
             run_id=run_id,
         ) from exc
     return due.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+async def _connect(
+    nc: Client,
+    url: str,
+    servers: list[str],
+    options: dict[str, Any],
+    transport: NatsTransport,
+    connect_timeout: float,
+) -> errors.WorldAuthFailed | None:
+    """Make the first connection; a refusal ends the attempt at once (nats-py would
+    retry it for ever). Later connection errors are only logged."""
+    where = f"cannot connect to NATS at {_redact(url)}"
+    refused: asyncio.Future[errors.WorldAuthFailed] = asyncio.get_running_loop().create_future()
+    connecting = True
+    fallback = options.pop("error_cb", _log_error)
+
+    last_error: list[Exception] = []
+
+    async def on_error(exc: Exception) -> None:
+        if not connecting:
+            await fallback(exc)
+            return
+        # While the first connection is tried, an error is either a refusal (the end) or
+        # one more failed try: kept for the timeout's message, not logged as a warning.
+        refusal = nats_refusal(exc, transport, where)
+        if refusal is not None and not refused.done():
+            refused.set_result(refusal)
+        last_error[:] = [exc]
+        log.debug("nats connection attempt to %s failed: %s", _redact(url), exc)
+
+    attempt: asyncio.Future[None] = asyncio.ensure_future(
+        nc.connect(servers, **options, error_cb=on_error)
+    )
+    waiting: set[asyncio.Future[Any]] = {attempt, refused}
+    try:
+        done, _ = await asyncio.wait(
+            waiting, timeout=connect_timeout, return_when=asyncio.FIRST_COMPLETED
+        )
+        if attempt in done:
+            attempt.result()
+            return await _refuse_plaintext(nc, url, transport, where)
+        attempt.cancel()
+        await asyncio.gather(attempt, return_exceptions=True)
+        await nc.close()
+        if refused.done():
+            return refused.result()
+        raise TimeoutError
+    except (TimeoutError, OSError, nats.errors.Error, PlaintextRefused) as exc:
+        await nc.close()
+        refusal = nats_refusal(exc, transport, where)
+        if refusal is not None:
+            return refusal
+        reason = exc if str(exc) else f"no connection within {connect_timeout} s"
+        if last_error and not str(exc):
+            reason = f"{reason} (last: {last_error[0]})"
+        raise errors.StorageUnavailable(f"cannot reach NATS at {_redact(url)}: {reason}") from None
+    finally:
+        connecting = False
+        if not attempt.done():
+            attempt.cancel()
+
+
+async def _refuse_plaintext(
+    nc: Client, url: str, transport: NatsTransport, where: str
+) -> errors.WorldAuthFailed | None:
+    """nats-py upgrades to TLS only when the server's INFO asks for it, so a server (or a
+    man in the middle) that does not ask gets a plaintext connection even from a client
+    configured for TLS: refuse it. (A password or token is never sent over it: the
+    transport's guard refuses at CONNECT; this catches credential-less connections.)"""
+    if not (transport.uses_tls or _wants_tls(url)) or nc._server_info.get("tls_required"):
+        return None
+    await nc.close()
+    return errors.WorldAuthFailed(
+        "NATS",
+        where,
+        "the server did not offer TLS, and treadle is configured for it",
+        "turn TLS on in the server, or unset TREADLE_NATS_TLS_* and use a nats:// URL",
+    )
+
+
+def _wants_tls(url: str) -> bool:
+    return any(one.strip().lower().startswith("tls://") for one in url.split(","))
 
 
 def _redact(url: str) -> str:

@@ -5,8 +5,9 @@ The append functions (``migrations/0001_init.sql``, ``0004_one_outcome.sql``,
 JSON ``DETAIL`` carrying the error's attributes; batch item refusals come back as
 rows with the same code and detail. ``world_error`` turns either into the
 ``treadle.errors`` type the local World raises, with the same attributes and
-message. ``storage_error`` maps everything else: a lost or refused connection is
-``StorageUnavailable``, a database without treadle's schema is
+message. ``storage_error`` maps everything else: a login the server refuses (a
+password, a certificate, TLS) is ``WorldAuthFailed`` (``transport``), a lost or
+refused connection is ``StorageUnavailable``, a database without treadle's schema is
 ``IncompatibleStorage``.
 
 Called by ``database``.
@@ -18,6 +19,7 @@ import json
 from typing import Any
 
 from treadle import errors
+from treadle.worlds.transport import postgres_refusal
 
 SUPERSEDED = "TRD01"
 CONTRACT = "TRD02"
@@ -102,6 +104,9 @@ def storage_error(exc: BaseException, where: str) -> errors.WorldError:
     code: str | None = getattr(exc, "sqlstate", None)
     if code is not None and is_treadle_code(code):
         return world_error(code, getattr(exc, "message", str(exc)), getattr(exc, "detail", None))
+    refused = postgres_refusal(exc, where)
+    if refused is not None:
+        return refused  # a wrong password, a certificate, TLS the server requires
     text = str(exc).strip() or type(exc).__name__
     if code in _UNDEFINED:
         return errors.IncompatibleStorage(
