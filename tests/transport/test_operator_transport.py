@@ -58,7 +58,7 @@ def test_worker_pods_get_the_transport_keys_by_reference_and_as_mounted_files() 
     assert env["TREADLE_DATABASE_SSLKEY"]["value"] == "/var/run/treadle/world/database-sslkey"
     # Every variable is a setting the worker reads; no value from the Secret is inline.
     assert set(env) <= set(settings.Settings.model_fields)
-    (volume,) = pod["volumes"]
+    (volume,) = [v for v in pod["volumes"] if "secret" in v]  # beside the /tmp emptyDir
     assert volume["secret"]["secretName"] == "w"
     assert volume["secret"]["defaultMode"] == 0o440
     files = {i["key"] for i in volume["secret"]["items"]}
@@ -66,17 +66,19 @@ def test_worker_pods_get_the_transport_keys_by_reference_and_as_mounted_files() 
         "nats-tls-ca", "nats-tls-cert", "nats-tls-key",
         "database-sslrootcert", "database-sslcert", "database-sslkey",
     }  # fmt: skip
-    assert container["volumeMounts"] == [
-        {"name": "treadle-world-files", "mountPath": "/var/run/treadle/world", "readOnly": True}
-    ]
+    assert {
+        "name": "treadle-world-files", "mountPath": "/var/run/treadle/world", "readOnly": True
+    } in container["volumeMounts"]
 
 
 def test_a_secret_without_transport_keys_changes_nothing() -> None:
     pod = deployment(frozenset())["spec"]["template"]["spec"]  # type: ignore[index]
-    assert "volumes" not in pod and "volumeMounts" not in pod["containers"][0]
+    # Only the restricted pod's /tmp (podsecurity): no Secret volume.
+    assert [v["name"] for v in pod["volumes"]] == ["tmp"]
+    assert [m["name"] for m in pod["containers"][0]["volumeMounts"]] == ["tmp"]
     names = [e["name"] for e in pod["containers"][0]["env"]]
     assert names == ["TREADLE_WORLD", "TREADLE_DEPLOYMENT_ID", "TREADLE_DATABASE_URL",
-                     "TREADLE_NATS_URL"]  # fmt: skip
+                     "TREADLE_NATS_URL", "TREADLE_PAYLOAD_KEY"]  # fmt: skip
 
 
 def secret_data(secure_pg: SecurePostgres, secure_nats: SecureNats, pki: Pki) -> dict[str, str]:
