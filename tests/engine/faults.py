@@ -172,6 +172,8 @@ class FaultyQueue:
         self.skews: list[tuple[Callable[[messages.Send], bool], float]] = []
         self.drops: list[Fault] = []
         self.dropped: list[messages.Send] = []
+        self.send_holds: list[tuple[Callable[[messages.Send], bool], asyncio.Event]] = []
+        self.held_sends: list[messages.Send] = []
         self.signal = Signal()
 
     def lose_answers(
@@ -185,6 +187,11 @@ class FaultyQueue:
         """Matching sends go out ``seconds`` sooner than asked (a clock skew, a clamped
         delay): a wait's final timer then arrives before its wait is due."""
         self.skews.append((when, seconds))
+
+    def hold_sends(self, when: Callable[[messages.Send], bool], release: asyncio.Event) -> None:
+        """A send batch holding a matching send waits until ``release`` is set (a slow
+        queue call), recorded in ``held_sends``; armed send faults apply after the hold."""
+        self.send_holds.append((when, release))
 
     def hold_deliveries(self, when: Callable[[Started], bool], release: asyncio.Event) -> None:
         """Every delivery that matches waits at its start until ``release`` is set."""
@@ -208,6 +215,12 @@ class FaultyQueue:
         return result
 
     async def send_batch(self, sends: Sequence[messages.Send]) -> list[messages.SendResult]:
+        for when, release in self.send_holds:
+            held = [s for s in sends if when(s)]
+            if held:
+                self.held_sends.extend(held)
+                self.signal.ping()
+                await release.wait()
         for when, seconds in self.skews:
             sends = [
                 messages.Send(s.message, s.key, max(s.delay_seconds - seconds, 0.0))
