@@ -15,11 +15,12 @@ import asyncio
 
 import pytest
 
+from treadle import Hook, clock
 from treadle.world import constants, messages
 
 from .audit import assert_sound, types
 from .conftest import MakeApp
-from .faults import Answer, FaultyWorld
+from .faults import Answer, FaultyWorld, Started
 
 # A one-second inline window (the least WORKFLOW_V2_TIMEOUT_MS allows), no margin: each
 # delivery runs two 0.6 s inline steps, the second one past the window's end, then hands off.
@@ -102,3 +103,75 @@ async def test_a_run_that_never_stops_handing_off_fails_at_the_delivery_cap(
     answers = _start_answers(faulty)
     assert [a.meta.attempt for a in answers] == [1, 1, 1, 2, 3]
     assert [a.result for a in answers] == [messages.HANDOFF] * 4 + [messages.ACK]
+
+
+class Ping(Hook):
+    n: int
+
+
+def _plain(s: Started, rerun: int) -> bool:
+    m = s.message
+    return (
+        isinstance(m, messages.OrchestratorMessage)
+        and m.run_input is None
+        and m.wait_continuation is None
+        and not m.complete_waits
+        and s.meta.rerun == rerun
+    )
+
+
+async def test_a_coalesced_re_run_measures_its_inline_window_from_the_deliverys_start(
+    faulty: FaultyWorld, make_app: MakeApp
+) -> None:
+    """Audit QE4 (orchestrator side) / seed 003 "Attempt accounting": a plain wake W is held
+    at its start while a second wake is coalesced into it; W's first run finds nothing new,
+    so the queue re-runs it. That re-run is held past W's one-second inline window (from
+    ``invocation_started_at``), and the hook is resumed meanwhile: the re-run has news, but
+    its window is over, so it hands off at once, starting no step. (Measured from the
+    re-run's own start it would run the three steps itself and ack.)"""
+    app = make_app(world=faulty, WORKFLOW_ORCHESTRATOR_LINGER_MS=0, **WINDOW)
+    ran: list[int] = []
+
+    @app.step
+    async def work(i: int) -> int:
+        ran.append(i)
+        await asyncio.sleep(0.2)
+        return i
+
+    @app.workflow
+    async def flow() -> int:
+        ping = await Ping.wait(token="qe4-ping")
+        return ping.n + sum([await work(i) for i in range(3)])
+
+    run = await app.start(flow)
+    await faulty.queue.until(lambda: any(t.name == "hook_created" for t in faulty.trace))
+    await faulty.queue.until(lambda: bool(faulty.queue.orchestrator_answers()))
+    first_go, rerun_go = asyncio.Event(), asyncio.Event()
+    faulty.queue.hold_deliveries(lambda s: _plain(s, 0), first_go)
+    faulty.queue.hold_deliveries(lambda s: _plain(s, 1), rerun_go)
+    record = await (await app.world()).runs.get(run.run_id)
+    wake = messages.OrchestratorMessage(
+        run_id=run.run_id,
+        deployment_id=record.deployment_id,
+        run_spec_version=record.spec_version,
+    )
+    await faulty.queue.send(wake)
+    await faulty.queue.until(lambda: any(_plain(s, 0) for s in faulty.queue.started))
+    await faulty.queue.send(wake)  # coalesced into the held delivery: it is re-run
+    first_go.set()
+    await faulty.queue.until(lambda: any(_plain(s, 1) for s in faulty.queue.started))
+    held = next(s for s in faulty.queue.started if _plain(s, 1))
+    await app.resume_hook("qe4-ping", Ping(n=100))
+    # The re-run starts only once the delivery's window (from its first run) is over.
+    started_at = held.meta.invocation_started_at
+    await asyncio.sleep(max(0.0, started_at + 1200 - clock.now_ms()) / 1000)
+    rerun_go.set()
+    assert await run.result(timeout=20) == 103
+    rerun = next(a for a in faulty.queue.orchestrator_answers() if a.meta == held.meta)
+    assert rerun.meta.invocation_started_at == started_at
+    assert rerun.result == messages.HANDOFF, f"the re-run answered {rerun.result!r}"
+    assert not [t for t in faulty.trace if t.by is held and t.what == "write"], (
+        "the re-run wrote past its delivery's inline window"
+    )
+    assert sorted(ran) == [0, 1, 2]
+    await assert_sound(run)
