@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import itertools
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -100,6 +101,10 @@ class FaultyEvents:
         self.trace: list[Traced] = [] if trace is None else trace
         # Every write that reached this wrapper: (first event's type, the keyword arguments).
         self.calls: list[tuple[str, dict[str, Any]]] = []
+        # Every log read (``list``): (monotonic time, the delivery that read); every event
+        # the live feed pushed: (the event, the delivery subscribed).
+        self.reads: list[tuple[float, Started | None]] = []
+        self.pushed: list[tuple[events.LoggedEvent, Started | None]] = []
 
     def _traced(self, logged: Sequence[events.LoggedEvent]) -> None:
         by = CURRENT.get()
@@ -154,6 +159,25 @@ class FaultyEvents:
         self._traced([i.event for i in result.items if i.event is not None])
         self._failed_after(batch[0])
         return result
+
+    async def list(self, run_id: str, **kw: Any) -> Any:
+        self.reads.append((time.monotonic(), CURRENT.get()))
+        return await self._inner.list(run_id, **kw)
+
+    def subscribe(
+        self,
+        run_id: str,
+        after_slot: int,
+        on_event: Callable[[events.LoggedEvent], None],
+        on_error: Callable[[BaseException], None],
+    ) -> Any:
+        by = CURRENT.get()
+
+        def pushed(event: events.LoggedEvent) -> None:
+            self.pushed.append((event, by))
+            on_event(event)
+
+        return self._inner.subscribe(run_id, after_slot, pushed, on_error)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
