@@ -337,3 +337,34 @@ class FaultyWorld:
 
     async def close(self) -> None:
         await self.inner.close()
+
+
+async def coalesced_into(world: FaultyWorld, run_id: str) -> int:
+    """How many messages the queue has folded into the run's in-flight orchestrator
+    delivery so far (0 when none holds the run): a read of the queue's own count, so a
+    test can wait until a message was coalesced instead of sleeping for it. Local: the
+    held row's ``coalesced``; NATS: the run lease's ``coalesced`` in its KV bucket."""
+    queue = world.inner.queue
+    db = getattr(queue, "db", None)
+    if db is not None:
+
+        def read(conn: Any) -> int:
+            row = conn.execute(
+                "SELECT COALESCE(SUM(coalesced), 0) FROM queue_messages "
+                "WHERE gate_run_id = ? AND state = 'leased'",
+                (run_id,),
+            ).fetchone()
+            return int(row[0])
+
+        return int(await db.call(read))
+    lease, _ = await queue.leases._read(queue.names.lease_key(run_id))
+    return 0 if lease is None else int(lease.coalesced)
+
+
+async def until_coalesced(world: FaultyWorld, run_id: str, count: int = 1) -> None:
+    """Wait (polling the queue's count every 50 ms, 20 s at most) until ``count``
+    messages were folded into the run's in-flight delivery."""
+    async with asyncio.timeout(20):
+        # The count lives in the queue's own store, which signals no one: read it.
+        while await coalesced_into(world, run_id) < count:  # noqa: ASYNC110
+            await asyncio.sleep(0.05)

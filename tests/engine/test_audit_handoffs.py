@@ -96,7 +96,7 @@ async def test_a_run_that_never_stops_handing_off_fails_at_the_delivery_cap(
         return total
 
     run = await app.start(flow)
-    with pytest.raises(Exception, match="MAX_QUEUE_DELIVERIES|delivered 3 times"):
+    with pytest.raises(Exception, match=r"MAX_QUEUE_DELIVERIES|delivered 3 times"):
         await run.result(timeout=40)
     log = await assert_sound(run)
     assert types(log)[-1] == "run_failed"

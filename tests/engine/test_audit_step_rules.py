@@ -40,9 +40,7 @@ async def test_step_retries_without_retry_after_are_spaced_by_the_retry_delay(
     RetryableError (no retry_after) twice. With WORKFLOW_STEP_RETRY_DELAY_SECONDS=0.6
     every next attempt starts at least 0.6 s after the failure before it (the inline
     step's retry moves to its own message, sent with that delay)."""
-    app = make_app(
-        world=faulty, WORKFLOW_STEP_RETRY_DELAY_SECONDS=0.6, WORKFLOW_MAX_INLINE_STEPS=1
-    )
+    app = make_app(world=faulty, WORKFLOW_STEP_RETRY_DELAY_SECONDS=0.6, WORKFLOW_MAX_INLINE_STEPS=1)
     ran: Counter[str] = Counter()
 
     @app.step(max_retries=3)
