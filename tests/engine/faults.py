@@ -98,6 +98,7 @@ class FaultyEvents:
         self.refusals: list[Fault] = []
         self.failures: list[Fault] = []
         self.failures_after: list[Fault] = []
+        self.item_refusals: list[Fault] = []
         self.trace: list[Traced] = [] if trace is None else trace
         # Every write that reached this wrapper: (first event's type, the keyword arguments).
         self.calls: list[tuple[str, dict[str, Any]]] = []
@@ -127,6 +128,12 @@ class FaultyEvents:
                 f"injected: the write of {event.type} committed, then its answer was lost"
             )
 
+    def refuse_items(self, times: int = 1, when: Callable[..., bool] = lambda e: True) -> None:
+        """In the next batches, refuse the next ``times`` items that match as the World
+        refuses one item of a batch (its ``BatchItemResult.error``; nothing written for it):
+        the batch's other items are written, in order, as one batch."""
+        self.item_refusals.append(Fault(when, times))
+
     def refuse_in_band(self, times: int = 1, when: Callable[..., bool] = lambda e: True) -> None:
         """Refuse the next ``times`` in-band writes whose (first) event matches; -1 = always."""
         self.refusals.append(Fault(when, times))
@@ -155,10 +162,38 @@ class FaultyEvents:
     ) -> records.BatchResult:
         self._refused(run_id, batch[0], kw.get("in_band", False), kw.get("expected_seq_in_band"))
         self.calls[-1][1].update(kw)
+        refused = [any(f.hit(e) for f in self.item_refusals) for e in batch]
+        if any(refused):
+            return await self._batch_refusing(run_id, batch, refused, kw)
         result = await self._inner.create_batch(run_id, batch, **kw)
         self._traced([i.event for i in result.items if i.event is not None])
         self._failed_after(batch[0])
         return result
+
+    async def _batch_refusing(
+        self,
+        run_id: str,
+        batch: Sequence[events.Event],
+        refused: list[bool],
+        kw: dict[str, Any],
+    ) -> records.BatchResult:
+        kept = [e for e, no in zip(batch, refused, strict=True) if not no]
+        inner = await self._inner.create_batch(run_id, kept, **kw) if kept else None
+        written = iter(inner.items if inner is not None else ())
+        items = tuple(
+            records.BatchItemResult(
+                error=errors.WorldContractError(f"injected: the batch item {e.type} was refused")
+            )
+            if no
+            else next(written)
+            for e, no in zip(batch, refused, strict=True)
+        )
+        self._traced([i.event for i in items if i.event is not None])
+        if inner is None:
+            return records.BatchResult(items=items, allocated=0)
+        return records.BatchResult(
+            items=items, allocated=inner.allocated, report=inner.report, has_more=inner.has_more
+        )
 
     async def list(self, run_id: str, **kw: Any) -> Any:
         self.reads.append((time.monotonic(), CURRENT.get()))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from collections.abc import Callable
 
 from treadle import RetryableError
 from treadle.world import events, messages
@@ -21,7 +22,7 @@ from .conftest import MakeApp
 from .faults import FaultyWorld
 
 
-def _step_send(name: str, attempt: int) -> object:
+def _step_send(name: str, attempt: int) -> Callable[[messages.Send], bool]:
     def matches(s: messages.Send) -> bool:
         m = s.message
         return (
@@ -33,7 +34,7 @@ def _step_send(name: str, attempt: int) -> object:
     return matches
 
 
-def _outcome_of(name: str) -> object:
+def _outcome_of(name: str) -> Callable[[events.Event], bool]:
     def matches(e: events.Event) -> bool:
         return e.type == "step_completed" and getattr(e, "step_name", "").endswith(name)
 
@@ -73,7 +74,7 @@ async def test_an_owed_retry_message_goes_out_once_after_a_refusal_and_supersess
         return list(await asyncio.gather(flaky(), other()))
 
     send_go = asyncio.Event()
-    faulty.queue.hold_sends(_step_send("flaky", 2), send_go)  # type: ignore[arg-type]
+    faulty.queue.hold_sends(_step_send("flaky", 2), send_go)
     faulty.queue.fail_sends(1, when=_step_send("flaky", 2))
     faulty.events.refuse_in_band(1, when=_outcome_of("other"))
     run = await app.start(flow)
@@ -84,11 +85,7 @@ async def test_an_owed_retry_message_goes_out_once_after_a_refusal_and_supersess
     assert await run.result(timeout=20) == ["flaky", "other"]
     first = faulty.queue.orchestrator_answers()[0]
     assert first.result == messages.Redeliver(1.0), f"supersession lost to {first.error!r}"
-    retry_sends = [
-        t
-        for t in faulty.trace
-        if t.send is not None and _step_send("flaky", 2)(t.send)  # type: ignore[operator]
-    ]
+    retry_sends = [t for t in faulty.trace if t.send is not None and _step_send("flaky", 2)(t.send)]
     owed = [t for t in retry_sends if t.by is not None and t.by.meta == first.meta]
     assert len(owed) == 1, "the refused delivery did not send the retry message it owed"
     log = await assert_sound(run)
@@ -147,7 +144,7 @@ async def test_a_refusal_while_bodies_settle_after_another_failure_still_wins(
         t
         for t in faulty.trace
         if t.send is not None
-        and _step_send("flaky", 2)(t.send)  # type: ignore[operator]
+        and _step_send("flaky", 2)(t.send)
         and t.by is not None
         and t.by.meta == first.meta
     ]

@@ -152,3 +152,46 @@ async def test_a_step_past_the_delivery_cap_idle_for_an_hour_is_failed(
     log = await assert_sound(run)
     failed = [e.event for e in log if isinstance(e.event, events.StepFailed)]
     assert len(failed) == 1 and failed[0].error.code == "MAX_DELIVERIES_EXCEEDED"
+
+
+async def test_a_refused_batch_item_gets_no_message_its_committed_neighbours_do(
+    faulty: FaultyWorld, make_app: MakeApp
+) -> None:
+    """Audit BF18 (refused batch item) / seed 003 "Delivery": three background steps are
+    created in one batch and the World refuses the middle item. The delivery sends the
+    messages of the two committed creations only, then fails with the item's error; its
+    redelivery creates the refused step and sends it; each body runs once."""
+    app = make_app(world=faulty, WORKFLOW_MAX_INLINE_STEPS=0)
+    ran: Counter[int] = Counter()
+
+    @app.step
+    async def work(i: int) -> int:
+        ran[i] += 1
+        return i
+
+    @app.workflow
+    async def flow() -> int:
+        return sum(await asyncio.gather(work(0), work(1), work(2)))
+
+    created: list[events.Event] = []
+
+    def middle(e: events.Event) -> bool:
+        if e.type == "step_created":
+            created.append(e)
+        return len(created) == 2 and e is created[1]
+
+    faulty.events.refuse_items(1, when=middle)
+    run = await app.start(flow)
+    assert await run.result(timeout=20) == 3
+    refused_id = created[1].correlation_id
+    first = faulty.queue.orchestrator_answers()[0]
+    assert first.error is not None and "refused" in str(first.error)
+    sent_by_first = [
+        t.correlation_id
+        for t in faulty.trace
+        if t.what == "send" and t.by is not None and t.by.meta == first.meta
+    ]
+    assert len(sent_by_first) == 2 and refused_id not in sent_by_first, sent_by_first
+    assert ran == Counter({0: 1, 1: 1, 2: 1})
+    log = await assert_sound(run)
+    assert types(log).count("step_created") == 3
