@@ -7,9 +7,12 @@ error), commit a write and then raise (``fail_after_writes``: an unknown
 outcome), or fail queue sends with a ``ConnectionError``, for the next ``times``
 calls that match. It records every send, every delivery's start and every
 handler answer, so a test can count timers and assert Redeliver / Handoff; a
-test can hold a delivery at its start (``hold_deliveries``) until an
-``asyncio.Event`` is set; and ``changed()`` / ``until()`` let a test wait on
-what it recorded instead of sleeping.
+test can hold a delivery at its start (``hold_deliveries``) or a send
+(``hold_sends``) until an ``asyncio.Event`` is set, refuse single items of a
+batch (``refuse_items``), and count log reads and feed pushes
+(``FaultyEvents.reads`` / ``pushed``); ``until()`` lets a test wait on what it
+recorded, and ``until_coalesced()`` on the queue's own count of messages folded
+into a held delivery, instead of sleeping.
 """
 
 from __future__ import annotations
