@@ -11,8 +11,11 @@ delivery wrote or sent what, and in which order.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import Counter
 from collections.abc import Callable
+
+import pytest
 
 from treadle import RetryableError
 from treadle.world import events, messages
@@ -100,7 +103,7 @@ async def test_an_owed_retry_message_goes_out_once_after_a_refusal_and_supersess
 
 
 async def test_a_refusal_while_bodies_settle_after_another_failure_still_wins(
-    make_app: MakeApp, faulty: FaultyWorld
+    make_app: MakeApp, faulty: FaultyWorld, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Audit A3 ("supersession wins over other errors", the other order): flaky's retry
     message cannot be sent (ConnectionError), so its body fails first; the delivery stops
@@ -131,6 +134,7 @@ async def test_a_refusal_while_bodies_settle_after_another_failure_still_wins(
 
     faulty.queue.fail_sends(1, when=_step_send("flaky", 2))
     faulty.events.refuse_in_band(1, when=_outcome_of("other"))
+    caplog.set_level(logging.WARNING, logger="treadle.orchestrator")
     run = await app.start(flow)
     await faulty.queue.until(lambda: not faulty.queue.send_faults[0].times)
     # The failed body is reaped by the delivery's pass loop at once (its task is done); a
@@ -140,6 +144,8 @@ async def test_a_refusal_while_bodies_settle_after_another_failure_still_wins(
     assert await run.result(timeout=20) == ["flaky", "other"]
     first = faulty.queue.orchestrator_answers()[0]
     assert first.result == messages.Redeliver(1.0), f"supersession lost to {first.error!r}"
+    # The timeline happened in this order: the send's failure first, then the refusal.
+    assert [r for r in caplog.records if "failed (injected" in r.getMessage()]
     owed = [
         t
         for t in faulty.trace

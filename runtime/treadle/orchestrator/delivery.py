@@ -105,7 +105,7 @@ class OrchestratorDelivery:
         except Superseded:
             await self.inline.settle(quiet=True)
             return await self._refused()
-        except Exception:
+        except Exception as exc:
             # Any other failure (a send, a read, a body's own write): no pass decides any
             # more, and the delivery fails only once its running bodies settled, so none
             # is cut off mid side effect (seed 003 "A later batch fails", FO4; bug 2).
@@ -114,6 +114,12 @@ class OrchestratorDelivery:
             if writer is not None and writer.superseded is not None and not self.meta.lost_lease():
                 # A body settling after the failure was refused by the fence: supersession
                 # wins over any other failure (seed 003 "Refusal while bodies run"; A3).
+                log.warning(
+                    "run %s: delivery of %s failed (%s), then was refused by the fence",
+                    self.run_id,
+                    self.meta.message_id,
+                    exc,
+                )
                 return await self._refused()
             raise
         finally:
