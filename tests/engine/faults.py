@@ -7,9 +7,12 @@ error), commit a write and then raise (``fail_after_writes``: an unknown
 outcome), or fail queue sends with a ``ConnectionError``, for the next ``times``
 calls that match. It records every send, every delivery's start and every
 handler answer, so a test can count timers and assert Redeliver / Handoff; a
-test can hold a delivery at its start (``hold_deliveries``) until an
-``asyncio.Event`` is set; and ``changed()`` / ``until()`` let a test wait on
-what it recorded instead of sleeping.
+test can hold a delivery at its start (``hold_deliveries``) or a send
+(``hold_sends``) until an ``asyncio.Event`` is set, refuse single items of a
+batch (``refuse_items``), and count log reads and feed pushes
+(``FaultyEvents.reads`` / ``pushed``); ``until()`` lets a test wait on what it
+recorded, and ``until_coalesced()`` on the queue's own count of messages folded
+into a held delivery, instead of sleeping.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import itertools
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -98,9 +102,14 @@ class FaultyEvents:
         self.failures: list[Fault] = []
         self.failures_after: list[Fault] = []
         self.feed_drops: list[Fault] = []
+        self.item_refusals: list[Fault] = []
         self.trace: list[Traced] = [] if trace is None else trace
         # Every write that reached this wrapper: (first event's type, the keyword arguments).
         self.calls: list[tuple[str, dict[str, Any]]] = []
+        # Every log read (``list``): (monotonic time, the delivery that read); every event
+        # the live feed pushed: (the event, the delivery subscribed).
+        self.reads: list[tuple[float, Started | None]] = []
+        self.pushed: list[tuple[events.LoggedEvent, Started | None]] = []
 
     def _traced(self, logged: Sequence[events.LoggedEvent]) -> None:
         by = CURRENT.get()
@@ -122,6 +131,12 @@ class FaultyEvents:
             raise errors.StorageUnavailable(
                 f"injected: the write of {event.type} committed, then its answer was lost"
             )
+
+    def refuse_items(self, times: int = 1, when: Callable[..., bool] = lambda e: True) -> None:
+        """In the next batches, refuse the next ``times`` items that match as the World
+        refuses one item of a batch (its ``BatchItemResult.error``; nothing written for it):
+        the batch's other items are written, in order, as one batch."""
+        self.item_refusals.append(Fault(when, times))
 
     def refuse_in_band(self, times: int = 1, when: Callable[..., bool] = lambda e: True) -> None:
         """Refuse the next ``times`` in-band writes whose (first) event matches; -1 = always."""
@@ -159,17 +174,19 @@ class FaultyEvents:
         on_event: Callable[[events.LoggedEvent], None],
         on_error: Callable[[BaseException], None],
     ) -> Any:
+        """Records every push (``pushed``: the event, the delivery subscribed); drops
+        an orchestrator delivery's feed where ``drop_feed_after`` asks."""
         current = CURRENT.get()
-        if current is None or current.kind != "orchestrator":
-            return self._inner.subscribe(run_id, after_slot, on_event, on_error)
+        droppable = current is not None and current.kind == "orchestrator"
         dropped = False
 
         def pushed(logged: events.LoggedEvent) -> None:
             nonlocal dropped
             if dropped:
                 return
+            self.pushed.append((logged, current))
             on_event(logged)
-            if any(f.hit(logged.event) for f in self.feed_drops):
+            if droppable and any(f.hit(logged.event) for f in self.feed_drops):
                 dropped = True
                 on_error(ConnectionError(f"injected: the feed dropped after {logged.type}"))
 
@@ -184,10 +201,42 @@ class FaultyEvents:
     ) -> records.BatchResult:
         self._refused(run_id, batch[0], kw.get("in_band", False), kw.get("expected_seq_in_band"))
         self.calls[-1][1].update(kw)
+        refused = [any(f.hit(e) for f in self.item_refusals) for e in batch]
+        if any(refused):
+            return await self._batch_refusing(run_id, batch, refused, kw)
         result = await self._inner.create_batch(run_id, batch, **kw)
         self._traced([i.event for i in result.items if i.event is not None])
         self._failed_after(batch[0])
         return result
+
+    async def _batch_refusing(
+        self,
+        run_id: str,
+        batch: Sequence[events.Event],
+        refused: list[bool],
+        kw: dict[str, Any],
+    ) -> records.BatchResult:
+        kept = [e for e, no in zip(batch, refused, strict=True) if not no]
+        inner = await self._inner.create_batch(run_id, kept, **kw) if kept else None
+        written = iter(inner.items if inner is not None else ())
+        items = tuple(
+            records.BatchItemResult(
+                error=errors.WorldContractError(f"injected: the batch item {e.type} was refused")
+            )
+            if no
+            else next(written)
+            for e, no in zip(batch, refused, strict=True)
+        )
+        self._traced([i.event for i in items if i.event is not None])
+        if inner is None:
+            return records.BatchResult(items=items, allocated=0)
+        return records.BatchResult(
+            items=items, allocated=inner.allocated, report=inner.report, has_more=inner.has_more
+        )
+
+    async def list(self, run_id: str, **kw: Any) -> Any:
+        self.reads.append((time.monotonic(), CURRENT.get()))
+        return await self._inner.list(run_id, **kw)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
@@ -206,6 +255,8 @@ class FaultyQueue:
         self.skews: list[tuple[Callable[[messages.Send], bool], float]] = []
         self.drops: list[Fault] = []
         self.dropped: list[messages.Send] = []
+        self.send_holds: list[tuple[Callable[[messages.Send], bool], asyncio.Event]] = []
+        self.held_sends: list[messages.Send] = []
         self.signal = Signal()
 
     def lose_answers(
@@ -219,6 +270,11 @@ class FaultyQueue:
         """Matching sends go out ``seconds`` sooner than asked (a clock skew, a clamped
         delay): a wait's final timer then arrives before its wait is due."""
         self.skews.append((when, seconds))
+
+    def hold_sends(self, when: Callable[[messages.Send], bool], release: asyncio.Event) -> None:
+        """A send batch holding a matching send waits until ``release`` is set (a slow
+        queue call), recorded in ``held_sends``; armed send faults apply after the hold."""
+        self.send_holds.append((when, release))
 
     def hold_deliveries(self, when: Callable[[Started], bool], release: asyncio.Event) -> None:
         """Every delivery that matches waits at its start until ``release`` is set."""
@@ -242,6 +298,12 @@ class FaultyQueue:
         return result
 
     async def send_batch(self, sends: Sequence[messages.Send]) -> list[messages.SendResult]:
+        for when, release in self.send_holds:
+            held = [s for s in sends if when(s)]
+            if held:
+                self.held_sends.extend(held)
+                self.signal.ping()
+                await release.wait()
         for when, seconds in self.skews:
             sends = [
                 messages.Send(s.message, s.key, max(s.delay_seconds - seconds, 0.0))
@@ -334,3 +396,34 @@ class FaultyWorld:
 
     async def close(self) -> None:
         await self.inner.close()
+
+
+async def coalesced_into(world: FaultyWorld, run_id: str) -> int:
+    """How many messages the queue has folded into the run's in-flight orchestrator
+    delivery so far (0 when none holds the run): a read of the queue's own count, so a
+    test can wait until a message was coalesced instead of sleeping for it. Local: the
+    held row's ``coalesced``; NATS: the run lease's ``coalesced`` in its KV bucket."""
+    queue = world.inner.queue
+    db = getattr(queue, "db", None)
+    if db is not None:
+
+        def read(conn: Any) -> int:
+            row = conn.execute(
+                "SELECT COALESCE(SUM(coalesced), 0) FROM queue_messages "
+                "WHERE gate_run_id = ? AND state = 'leased'",
+                (run_id,),
+            ).fetchone()
+            return int(row[0])
+
+        return int(await db.call(read))
+    lease, _ = await queue.leases._read(queue.names.lease_key(run_id))
+    return 0 if lease is None else int(lease.coalesced)
+
+
+async def until_coalesced(world: FaultyWorld, run_id: str, count: int = 1) -> None:
+    """Wait (polling the queue's count every 50 ms, 20 s at most) until ``count``
+    messages were folded into the run's in-flight delivery."""
+    async with asyncio.timeout(20):
+        # The count lives in the queue's own store, which signals no one: read it.
+        while await coalesced_into(world, run_id) < count:  # noqa: ASYNC110
+            await asyncio.sleep(0.05)

@@ -10,7 +10,6 @@ the step runs once. Both Worlds.
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
 
@@ -20,7 +19,7 @@ from treadle.world import contract, messages
 
 from .audit import assert_sound, types
 from .conftest import MakeApp, OpenWorld
-from .faults import FaultyWorld, Started, Traced
+from .faults import FaultyWorld, Started, Traced, until_coalesced
 
 SLOW_BACKOFF = contract.QueueTuning(
     lease_seconds=5.0, backoff_base_seconds=0.6, backoff_max_seconds=0.6
@@ -134,7 +133,7 @@ async def test_a_coalesced_re_run_re_sends_a_step_whose_send_was_lost(
             run_id=run.run_id, deployment_id=record.deployment_id, run_spec_version=9
         )
     )
-    await asyncio.sleep(0.3)  # the queue folds the wake into the held delivery
+    await until_coalesced(faulty, run.run_id)  # the queue folds the wake into the holder
     release.set()
     assert await run.result(timeout=20) == "worked"
     assert ran == ["work"]
@@ -171,10 +170,9 @@ async def test_a_creators_redelivery_coalesced_into_a_hook_wake_re_sends_its_ste
     world.queue.hold_deliveries(_plain_wake, release)
     run = await app.start(flow)
     await world.queue.until(lambda: any(a.error for a in world.queue.orchestrator_answers()))
-    died_at = time.time()
     await app.resume_hook("b3-ping", Ping(n=3))
     await world.queue.until(lambda: any(_plain_wake(s) for s in world.queue.started))
-    await asyncio.sleep(max(died_at + 1.4 - time.time(), 0))  # D1's redelivery is due by then
+    await until_coalesced(world, run.run_id)  # D1's redelivery, folded into the hook wake
     release.set()
     assert await run.result(timeout=20) == "worked 3"
     assert ran == ["work"]
@@ -216,10 +214,9 @@ async def test_a_moved_inline_retry_whose_send_was_lost_is_re_sent_by_the_holder
     world.queue.hold_deliveries(_plain_wake, release)
     run = await app.start(flow)
     await world.queue.until(lambda: any(a.error for a in world.queue.orchestrator_answers()))
-    died_at = time.time()
     await app.resume_hook("b3r-ping", Ping(n=4))
     await world.queue.until(lambda: any(_plain_wake(s) for s in world.queue.started))
-    await asyncio.sleep(max(died_at + 1.4 - time.time(), 0))
+    await until_coalesced(world, run.run_id)  # D1's redelivery, folded into the hook wake
     release.set()
     assert await run.result(timeout=20) == "steady 4"
     assert attempts == [1, 2]

@@ -23,7 +23,7 @@ from treadle.world import contract, events, messages
 
 from .audit import assert_sound, types
 from .conftest import MakeApp, OpenWorld
-from .faults import FaultyWorld, Started
+from .faults import FaultyWorld, Started, until_coalesced
 
 
 async def test_a_busy_fan_out_near_due_waits_sends_about_one_timer_per_wait(
@@ -140,10 +140,9 @@ async def test_a_timer_delivery_dying_after_its_completion_already_armed_the_nex
     await world.queue.until(
         lambda: any(a.error is not None and a.kind == "orchestrator" for a in world.queue.answers)
     )
-    died_at = time.time()
     await app.resume_hook("c2-ping", Ping(n=2))
     await world.queue.until(lambda: any(_plain_wake(s) for s in world.queue.started))
-    await asyncio.sleep(max(died_at + 1.4 - time.time(), 0))  # its redelivery is due by then
+    await until_coalesced(world, run.run_id)  # the timer's redelivery, folded into the wake
     release.set()
     assert await run.result(timeout=20) == "slept 2"
 
@@ -243,7 +242,7 @@ async def test_an_early_final_timer_coalesced_into_a_holder_is_re_armed_by_it(
     await app.resume_hook("c6-ping", Ping(n=6))
     await faulty.queue.until(lambda: any(_plain_wake(s) for s in faulty.queue.started))
     # The early timer is due 1.5 s after the start (NATS: up to a second later); folded in.
-    await asyncio.sleep(max(resume_at.timestamp() - 2.0 + 1.2 - time.time(), 0))
+    await until_coalesced(faulty, run.run_id)
     release.set()
     assert await run.result(timeout=8) == "woke 6"
 

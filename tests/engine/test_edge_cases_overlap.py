@@ -27,7 +27,7 @@ from treadle.world import contract, events, messages
 
 from .audit import assert_sound, cold_outcome, types
 from .conftest import MakeApp, OpenWorld
-from .faults import FaultyWorld, Started
+from .faults import FaultyWorld, Started, until_coalesced
 
 SHORT_LEASE = contract.QueueTuning(
     lease_seconds=0.9, backoff_base_seconds=0.05, backoff_max_seconds=0.2
@@ -195,11 +195,6 @@ class Ping(Hook):
     n: int
 
 
-async def _wait_past(moment_s: float) -> None:
-    """Wait until a wall-clock moment (a timer or redelivery the queue has due then)."""
-    await asyncio.sleep(max(moment_s - time.time(), 0.0))
-
-
 async def test_a_new_waits_creator_coalesced_away_still_completes_its_wait(
     open_world: OpenWorld, make_app: MakeApp
 ) -> None:
@@ -236,7 +231,8 @@ async def test_a_new_waits_creator_coalesced_away_still_completes_its_wait(
     await world.queue.until(lambda: bool(failed) and _answered_with_error(world))
     await app.resume_hook("c1-ping", Ping(n=1))
     await world.queue.until(lambda: any(_plain_wake(s) for s in world.queue.started))
-    await _wait_past(failed[0] + SLOW_BACKOFF.backoff_max_seconds + 0.8)
+    # The creator's redelivery comes out of its backoff and is folded into the held wake.
+    await until_coalesced(world, run.run_id)
     release.set()
     assert await run.result(timeout=20) == "woke 1"
 
@@ -291,13 +287,13 @@ async def test_a_coalesced_timer_is_completed_by_the_holder_which_arms_the_next(
         for e in log
         if isinstance(e.event, events.WaitCreated)
     )
-    (w1_at, w1), (_, w2) = waits
+    (_, w1), (_, w2) = waits
     release = asyncio.Event()
     world.queue.hold_deliveries(_plain_wake, release)
     await app.resume_hook("c3-ping", Ping(n=3))
     await world.queue.until(lambda: any(_plain_wake(s) for s in world.queue.started))
-    # w1's timer is due (NATS rounds a delay up to the second) and folded in by then.
-    await _wait_past(w1_at.timestamp() + 1.6)
+    # w1's timer comes due (NATS rounds a delay up to the second) and is folded in.
+    await until_coalesced(world, run.run_id)
     release.set()
     assert await run.result(timeout=20) == "slept 3"
 

@@ -67,7 +67,9 @@ def test_worker_pods_get_the_transport_keys_by_reference_and_as_mounted_files() 
         "database-sslrootcert", "database-sslcert", "database-sslkey",
     }  # fmt: skip
     assert {
-        "name": "treadle-world-files", "mountPath": "/var/run/treadle/world", "readOnly": True
+        "name": "treadle-world-files",
+        "mountPath": "/var/run/treadle/world",
+        "readOnly": True,
     } in container["volumeMounts"]
 
 

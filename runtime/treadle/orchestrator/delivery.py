@@ -104,18 +104,23 @@ class OrchestratorDelivery:
             return messages.Redeliver(constants.FENCE_REFUSAL_REDELIVERY_SECONDS)  # dropped
         except Superseded:
             await self.inline.settle(quiet=True)
-            await self.session.send_owed()
-            log.warning(
-                "run %s: delivery of %s refused by the fence; redelivering in 1 s",
-                self.run_id,
-                self.meta.message_id,
-            )
-            return messages.Redeliver(constants.FENCE_REFUSAL_REDELIVERY_SECONDS)
-        except Exception:
+            return await self._refused()
+        except Exception as exc:
             # Any other failure (a send, a read, a body's own write): no pass decides any
             # more, and the delivery fails only once its running bodies settled, so none
             # is cut off mid side effect (seed 003 "A later batch fails", FO4; bug 2).
             await self.inline.settle(quiet=True)
+            writer = self.session.writer
+            if writer is not None and writer.superseded is not None and not self.meta.lost_lease():
+                # A body settling after the failure was refused by the fence: supersession
+                # wins over any other failure (seed 003 "Refusal while bodies run"; A3).
+                log.warning(
+                    "run %s: delivery of %s failed (%s), then was refused by the fence",
+                    self.run_id,
+                    self.meta.message_id,
+                    exc,
+                )
+                return await self._refused()
             raise
         finally:
             if watch is not None:
@@ -124,6 +129,17 @@ class OrchestratorDelivery:
             if self._run_started is not None:
                 await asyncio.wait([self._run_started])  # never cut a write short
             self.session.close()
+
+    async def _refused(self) -> messages.HandlerResult:
+        """A fence refusal: send what this delivery's committed writes still owe, then ask
+        for a redelivery of its own message in about a second (seed 003 "Delivery")."""
+        await self.session.send_owed()
+        log.warning(
+            "run %s: delivery of %s refused by the fence; redelivering in 1 s",
+            self.run_id,
+            self.meta.message_id,
+        )
+        return messages.Redeliver(constants.FENCE_REFUSAL_REDELIVERY_SECONDS)
 
     async def _wake_on_lost_lease(self) -> None:
         """Wake whatever the delivery waits on once the queue says its lease lapsed."""
