@@ -115,6 +115,7 @@ class RunSession:
             workflow=workflow.fn,
             args=args,
             kwargs=kwargs,
+            created_at=self.state.created_at,
         )
         for event in self.loaded:
             self.replay.feed(event)
