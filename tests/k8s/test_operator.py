@@ -254,7 +254,7 @@ def test_bad_runs_fail_with_the_reason_and_record_nothing(shop: Shop) -> None:
     assert unknown["reason"] == "UnknownWorkflow"
     started = {c["type"]: c for c in unknown["conditions"]}["Started"]
     assert (started["status"], started["reason"]) == ("False", "UnknownWorkflow")
-    served = "serves no workflow 'refund' (it serves: approval, greet, naps)"
+    served = "serves no workflow 'refund' (it serves: approval, fanout, greet, naps)"
     assert served in unknown["error"]["message"]
     shape = shop.phase("shape", "Failed")
     assert shape["reason"] == "InvalidInput"
