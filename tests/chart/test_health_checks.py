@@ -75,9 +75,7 @@ def _wfr(succeeded: str, failed: str, waiting: int = 0) -> dict[str, Any]:
     }}  # fmt: skip
 
 
-def test_a_run_is_healthy_once_succeeded_degraded_once_failed_suspended_while_waiting() -> (
-    None
-):
+def test_a_run_is_healthy_once_succeeded_degraded_once_failed_suspended_while_waiting() -> None:
     assert _health("WorkflowRun", _wfr("True", "False")) == ("Healthy", "m")
     assert _health("WorkflowRun", _wfr("False", "True"))[0] == "Degraded"
     assert _health("WorkflowRun", _wfr("Unknown", "Unknown"))[0] == "Progressing"
