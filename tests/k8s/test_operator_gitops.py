@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import socket
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -262,3 +263,33 @@ def test_deleting_a_run_while_its_world_is_unreachable_keeps_the_finalizer_until
     shop.kube.rest.patch(secret, {"stringData": {"database-url": shop.database_url}})
     wait_for(lambda: shop.run("pending-cancel") is None, 60, what="the object gone")
     wait_for(lambda: shop.world_run(run_id)["status"] == "cancelled", 60, what="the run cancelled")
+
+
+def test_unschedulable_workers_and_a_quota_refusing_pods_are_stalled_with_the_reason(
+    shop_factory: Callable[[], Shop],
+) -> None:
+    """Stalled reasons from the scheduler (PodScheduled=False, Unschedulable) and from the
+    ReplicaSet (a ResourceQuota refusing its pods: the Deployment's ReplicaFailure)."""
+    shop = shop_factory()
+    shop.secret()
+    shop.operator.start()
+    huge = {"replicas": 1, "resources": {"requests": {"cpu": "1000"}}}
+    shop.deploy("huge", "shop:1", orchestrator=huge)
+
+    def stalled(name: str) -> dict[str, Any] | None:
+        found = _conditions(shop.wfd(name)).get("Stalled")
+        return found if found and found["status"] == "True" else None
+
+    unschedulable = wait_for(lambda: stalled("huge"), 90, what="Stalled: Unschedulable")
+    assert unschedulable["reason"] == "Unschedulable"
+    assert "Insufficient cpu" in unschedulable["message"], unschedulable
+    assert _conditions(shop.wfd("huge"))["Ready"]["status"] == "False"
+
+    shop.kube.rest.create(
+        f"/api/v1/namespaces/{shop.namespace}/resourcequotas",
+        {"metadata": {"name": "no-more-pods"}, "spec": {"hard": {"pods": "0"}}},
+    )
+    shop.deploy("quota", "shop:1")
+    refused = wait_for(lambda: stalled("quota"), 90, what="Stalled: ReplicaFailure")
+    assert refused["reason"] == "ReplicaFailure"
+    assert "exceeded quota" in refused["message"], refused
