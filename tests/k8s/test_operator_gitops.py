@@ -36,8 +36,8 @@ __all__ = [
 BROKEN = "unpullable.invalid/shop:2"  # the process kubelet never pulls it (ErrImagePull)
 
 
-def _k(shop: Shop, *args: str, timeout: float = 120) -> Any:
-    return kubectl(shop.kube.kubeconfig, "-n", shop.namespace, *args, timeout=timeout)
+def _k(shop: Shop, *args: str, timeout: float = 120, stdin: str | None = None) -> Any:
+    return kubectl(shop.kube.kubeconfig, "-n", shop.namespace, *args, timeout=timeout, stdin=stdin)
 
 
 def _apply(shop: Shop, name: str, workflow: str, input: Any, **spec: Any) -> None:
@@ -293,3 +293,31 @@ def test_unschedulable_workers_and_a_quota_refusing_pods_are_stalled_with_the_re
     refused = wait_for(lambda: stalled("quota"), 90, what="Stalled: ReplicaFailure")
     assert refused["reason"] == "ReplicaFailure"
     assert "exceeded quota" in refused["message"], refused
+
+
+def test_a_reapplied_name_naming_another_deployment_is_refused_the_run_it_finds(
+    shop: Shop,
+) -> None:
+    """Adoption checks the binding (s5, review M6): the same namespace and name derive the
+    same run id, but an object naming another WorkflowDeployment is not that run's owner;
+    it ends Failed/RunNotOwned, shows nothing of the run, and starts nothing."""
+    shop.latest()
+    _apply(shop, "mine", "greet", {"name": "owner"})
+    done = shop.phase("mine", "Completed")
+    assert _k(shop, "delete", "wfr/mine").returncode == 0
+    wait_for(lambda: shop.run("mine") is None, 30, what="the object gone")
+    shop.deploy("other", "shop:1")
+    shop.latest("other")
+
+    manifest = {
+        "apiVersion": "treadle.dev/v1alpha1", "kind": "WorkflowRun", "metadata": {"name": "mine"},
+        "spec": {"deployment": "other", "workflow": "greet", "input": {"name": "thief"}},
+    }  # fmt: skip
+    applied = _k(shop, "apply", "-f", "-", stdin=yaml.safe_dump(manifest))
+    assert applied.returncode == 0, applied.stderr
+    refused = shop.phase("mine", "Failed")
+    assert refused["reason"] == "RunNotOwned"
+    assert f"run {done['runId']} was started for WorkflowRun" in refused["error"]["message"]
+    assert not refused.get("runId") and not refused.get("output")
+    assert _conditions({"status": refused})["Failed"]["reason"] == "RunNotOwned"
+    assert [r["run_id"] for r in _runs(shop, "greet")] == [done["runId"]], "nothing started"
