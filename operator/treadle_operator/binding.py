@@ -11,9 +11,10 @@ never from what a user wrote on the object:
   ``treadle.dev/binding`` = ``{"namespace", "name", "deployment"}`` and the
   older ``treadle.dev/workflowrun`` = ``"namespace/name"``. Only the object of
   that namespace and name, naming that WorkflowDeployment, may track or cancel
-  it. Re-applying the same object (GitOps) therefore adopts its own run and
-  nothing else. (When a run key joins the object's identity, it joins this
-  binding.)
+  it. With a ``spec.runKey`` the binding carries it too (``runKey``), and the
+  object must name the same key. Re-applying the same object (GitOps)
+  therefore adopts its own run and nothing else. The run id itself derives
+  from the same identity (``run_id``), so a re-applied object finds its run.
 - A run started from code carries no binding. A WorkflowRun may show it only
   as the mirror of its own deployment: the run's deployment id must be one of
   the revisions in that WorkflowDeployment's status (revision ids are digests
@@ -32,6 +33,7 @@ from typing import Any
 
 from pydantic import JsonValue
 
+from treadle.world import ids
 from treadle.world.records import RunRecord
 
 BINDING = "treadle.dev/binding"
@@ -46,9 +48,27 @@ def mirror_name(workflow: str, run_id: str) -> str:
     return f"{stem}-{run_id.removeprefix('wrun_').lower()}"
 
 
-def attributes(namespace: str, name: str, deployment: str) -> dict[str, JsonValue]:
-    """The run attributes binding a run to the WorkflowRun ``namespace/name``."""
+def run_id(namespace: str, name: str, run_key: str | None) -> str:
+    """The run id of the WorkflowRun ``namespace/name`` (with its run key): always the same.
+
+    A keyed run id (``treadle.world.ids.keyed_run_id``): deleting the object and
+    applying it again names the run that exists; another run key names another run.
+    """
+    return ids.keyed_run_id("\0".join(("treadle.dev/workflowrun", namespace, name, run_key or "")))
+
+
+def _bound(namespace: str, name: str, deployment: str, run_key: str | None) -> dict[str, JsonValue]:
     bound: dict[str, JsonValue] = {"namespace": namespace, "name": name, "deployment": deployment}
+    if run_key:
+        bound["runKey"] = run_key
+    return bound
+
+
+def attributes(
+    namespace: str, name: str, deployment: str, run_key: str | None = None
+) -> dict[str, JsonValue]:
+    """The run attributes binding a run to the WorkflowRun ``namespace/name``."""
+    bound = _bound(namespace, name, deployment, run_key)
     return {BINDING: bound, STARTED_BY: f"{namespace}/{name}"}
 
 
@@ -65,23 +85,23 @@ def refusal(run: RunRecord, body: dict[str, Any], wfd: dict[str, Any] | None) ->
     """
     meta = body.get("metadata") or {}
     namespace, name = str(meta.get("namespace")), str(meta.get("name"))
-    deployment = str((body.get("spec") or {}).get("deployment"))
+    spec = body.get("spec") or {}
+    deployment = str(spec.get("deployment"))
+    run_key = spec.get("runKey") or None
     here = f"WorkflowRun {namespace}/{name}"
     if is_bound(run):
         bound = run.attributes.get(BINDING)
         if isinstance(bound, dict):
-            wanted: dict[str, JsonValue] = {
-                "namespace": namespace,
-                "name": name,
-                "deployment": deployment,
-            }
-            if bound == wanted:
+            if bound == _bound(namespace, name, deployment, run_key):
                 return None
             owner = f"{bound.get('namespace')}/{bound.get('name')}"
+            theirs = f"deployment {bound.get('deployment')}" + (
+                f", runKey {bound.get('runKey')}" if bound.get("runKey") else ""
+            )
+            ours = f"deployment {deployment}" + (f", runKey {run_key}" if run_key else "")
             return (
-                f"run {run.run_id} was started for WorkflowRun {owner} "
-                f"(deployment {bound.get('deployment')}), not for {here} "
-                f"(deployment {deployment})"
+                f"run {run.run_id} was started for WorkflowRun {owner} ({theirs}), "
+                f"not for {here} ({ours})"
             )
         # A run started before the binding attribute existed: namespace/name only.
         if run.attributes.get(STARTED_BY) == f"{namespace}/{name}":

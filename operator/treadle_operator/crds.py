@@ -41,6 +41,7 @@ KINDS = (
         model=models.WorkflowDeployment,
         columns=(
             ("Image", "string", ".spec.image"),
+            ("Ready", "string", '.status.conditions[?(@.type=="Ready")].status'),
             ("Latest", "string", ".status.latestRevision"),
             ("Age", "date", ".metadata.creationTimestamp"),
         ),
@@ -55,6 +56,9 @@ KINDS = (
             ("Revision", "string", ".status.revision"),
             ("Phase", "string", ".status.phase"),
             ("Steps", "string", ".status.stepsSummary"),
+            ("Started", "date", ".status.startedAt"),
+            ("Duration", "string", ".status.duration"),
+            ("Message", "string", ".status.message"),
             ("Age", "date", ".metadata.creationTimestamp"),
         ),
     ),

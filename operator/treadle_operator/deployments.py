@@ -72,22 +72,21 @@ async def steps_replicas(
 async def _observe(
     state: State, namespace: str, world: PostgresNatsWorld, revision: RevisionStatus
 ) -> revisions.Observed:
-    ready = all(
-        [
-            await state.kube.deployment_ready(
-                namespace, manifests.deployment_name(revision.id, role)
-            )
-            for role in manifests.ROLES
-        ]
-    )
+    states = [
+        await state.kube.deployment_state(namespace, manifests.deployment_name(revision.id, role))
+        for role in manifests.ROLES
+    ]
+    ready = all(ok for ok, _ in states)
     record = await world.deployments.get(revision.id)
     # Ready means the workers run and have told the World what they serve.
     ready = ready and record is not None and record.catalogue is not None
     trouble = await state.kube.pod_trouble(namespace, f"{manifests.LABEL_REVISION}={revision.id}")
+    trouble = trouble or next((t for _, t in states if t is not None), None)
     return revisions.Observed(
-        ready=ready and not trouble,
+        ready=ready and trouble is None,
         active_runs=await active_runs(world, revision.id),
-        message=trouble,
+        message=trouble.message if trouble else "",
+        stalled=trouble.reason if trouble else "",
     )
 
 
@@ -115,8 +114,12 @@ async def reconcile(state: State, body: dict[str, Any]) -> None:
             else "Unreachable"
         )
         conditions = merge_conditions(
-            status.conditions, [condition("WorldReachable", False, reason, str(exc))]
-        )
+            status.conditions,
+            [
+                condition("WorldReachable", False, reason, str(exc)),
+                *_rollout(None, None, reason, f"the World cannot be reached: {exc}"),
+            ],
+        ) + [c for c in status.conditions if c.type in ("SpecAccepted", "WorkersHealthy")]
         await _record(state, body, status, status.model_copy(update={"conditions": conditions}))
         log.warning("WorkflowDeployment %s/%s: %s", namespace, name, exc)
         return
@@ -172,16 +175,16 @@ async def reconcile(state: State, body: dict[str, Any]) -> None:
     latest = plan.status.latest_revision
     newest = next((r for r in reversed(plan.status.revisions) if r.phase != "Retired"), None)
     troubles = [f"revision {r.id}: {r.message}" for r in plan.status.revisions if r.message]
+    stalled = observed.get(newest.id) if newest is not None else None
     new_conditions = [
         condition("SpecAccepted", True, "Accepted"),
         condition("WorldReachable", True, "Connected"),
-        condition(
-            "Ready",
-            latest is not None,
-            "RevisionReady" if latest is not None else "NoReadyRevision",
-            f"revision {latest} takes new runs"
-            if latest is not None
-            else f"waiting for revision {newest.id if newest else '?'} to become ready",
+        *_rollout(
+            latest,
+            newest.id if newest is not None and newest.ready else None,
+            stalled.stalled if stalled is not None else "",
+            f"revision {newest.id}: {stalled.message}" if stalled and newest else "",
+            coming=newest.id if newest is not None else None,
         ),
         condition(
             "WorkersHealthy",
@@ -198,6 +201,41 @@ async def reconcile(state: State, body: dict[str, Any]) -> None:
         await state.kube.event(body, "Revision", change)
 
 
+def _rollout(
+    latest: str | None,
+    ready_created: str | None,
+    stall: str,
+    stall_message: str,
+    *,
+    coming: str | None = None,
+) -> list[models.Condition]:
+    """``Ready``, ``Progressing``, ``Reconciling`` and ``Stalled`` (kstatus conventions).
+
+    Ready only when the revision of the current spec (``ready_created``) is the one
+    taking new runs (``latest``); Stalled, with the reason, when it cannot get there;
+    Progressing (and kstatus's Reconciling) while it is coming up.
+    """
+    if ready_created is not None and ready_created == latest:
+        ready = condition("Ready", True, "RevisionReady", f"revision {latest} takes new runs")
+        moving = ("RolledOut", f"revision {latest} is rolled out", False)
+    elif stall:
+        serving = f"; revision {latest} still takes new runs" if latest else ""
+        ready = condition("Ready", False, stall, stall_message + serving)
+        moving = (stall, stall_message, False)
+    else:
+        waiting = f"waiting for revision {coming or '?'} to become ready"
+        serving = f"; revision {latest} takes new runs meanwhile" if latest else ""
+        ready = condition("Ready", False, "RevisionNotReady", waiting + serving)
+        moving = ("RevisionProgressing", waiting, True)
+    reason, text, ongoing = moving
+    return [
+        ready,
+        condition("Progressing", ongoing, reason, text),
+        condition("Reconciling", ongoing, reason, text),
+        condition("Stalled", bool(stall), stall or "NotStalled", stall_message if stall else ""),
+    ]
+
+
 async def _refuse(
     state: State, body: dict[str, Any], status: WorkflowDeploymentStatus, problem: str
 ) -> None:
@@ -205,8 +243,10 @@ async def _refuse(
     meta = body["metadata"]
     before = next((c for c in status.conditions if c.type == "SpecAccepted"), None)
     refusal = condition("SpecAccepted", False, "ReservedEnv", problem)
-    conditions = merge_conditions(status.conditions, [refusal]) + [
-        c for c in status.conditions if c.type != "SpecAccepted"
+    rollout = _rollout(None, None, "ReservedEnv", problem)
+    kept = {"SpecAccepted", *(c.type for c in rollout)}
+    conditions = merge_conditions(status.conditions, [refusal, *rollout]) + [
+        c for c in status.conditions if c.type not in kept
     ]
     await _record(state, body, status, status.model_copy(update={"conditions": conditions}))
     if before is None or before.status != "False" or before.message != problem:
@@ -222,9 +262,19 @@ async def _record(
     before: WorkflowDeploymentStatus,
     after: WorkflowDeploymentStatus,
 ) -> None:
+    meta = body["metadata"]
+    generation = meta.get("generation")
+    # Every status written is of this generation, with each condition saying so (kstatus).
+    after = after.model_copy(
+        update={
+            "observed_generation": generation,
+            "conditions": [
+                c.model_copy(update={"observed_generation": generation}) for c in after.conditions
+            ],
+        }
+    )
     if after == before:
         return
-    meta = body["metadata"]
     await state.kube.patch_status(
         "workflowdeployments", meta["namespace"], meta["name"], models.dump(after)
     )

@@ -19,7 +19,6 @@ from typing import Any
 import kopf
 
 from treadle_operator import deployments, models, runs
-from treadle_operator.models import WorkflowRunStatus
 from treadle_operator.state import State
 
 log = logging.getLogger("treadle.operator.handlers")
@@ -99,21 +98,7 @@ def build_registry(state: State) -> kopf.OperatorRegistry:
         try:
             await runs.start(state, plain)
         except runs.NotYet as exc:
-            current = models.parse_status(WorkflowRunStatus, plain.get("status"))
-            waiting = current.model_copy(
-                update={
-                    "phase": "Pending",
-                    "reason": exc.reason,
-                    "conditions": runs.started(current, False, exc.reason, str(exc)),
-                }
-            )
-            if waiting != current:
-                await state.kube.patch_status(
-                    WFR,
-                    plain["metadata"]["namespace"],
-                    plain["metadata"]["name"],
-                    models.dump(waiting),
-                )
+            await runs.waiting(state, plain, exc)
             raise kopf.TemporaryError(str(exc), delay=cfg.TREADLE_OPERATOR_RETRY_SECONDS) from exc
 
     @kopf.on.field(G, V, WFR, field="spec.cancel", registry=registry)
@@ -122,10 +107,23 @@ def build_registry(state: State) -> kopf.OperatorRegistry:
             await runs.cancel(state, _plain(body), "spec.cancel is true")
 
     @kopf.on.delete(G, V, WFR, registry=registry)
-    async def run_deleted(body: kopf.Body, **_: Any) -> None:
+    async def run_deleted(body: kopf.Body, retry: int, **_: Any) -> None:
+        """spec.onDelete Cancel (default): cancel the run first, retrying while its World
+        cannot be reached (the finalizer stays); Orphan: let the run go on."""
         plain = _plain(body)
-        await runs.cancel(state, plain, "its WorkflowRun was deleted")
         run_id = (plain.get("status") or {}).get("runId")
+        if (plain.get("spec") or {}).get("onDelete") == "Orphan":
+            if run_id and (plain.get("status") or {}).get("phase") not in models.FINISHED_PHASES:
+                await state.kube.event(plain, "Orphaned", f"run {run_id} goes on (onDelete)")
+        else:
+            try:
+                await runs.cancel(state, plain, "its WorkflowRun was deleted", deleting=True)
+            except runs.CancelPending as exc:
+                if retry % 10 == 0:  # once, then every tenth try: no Event storm
+                    await state.kube.event(plain, "CancelPending", str(exc), warning=True)
+                raise kopf.TemporaryError(
+                    str(exc), delay=cfg.TREADLE_OPERATOR_RETRY_SECONDS
+                ) from exc
         if run_id:
             state.sync.untrack(run_id)
 

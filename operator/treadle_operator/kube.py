@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import logging
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, cast
 
@@ -22,17 +23,26 @@ from treadle_operator.errors import NotConfigured, WorldSecretForbidden
 log = logging.getLogger("treadle.operator.kube")
 
 # Container states that mean a worker cannot run, and are worth a condition.
-_TROUBLE = frozenset(
-    {
-        "CrashLoopBackOff",
-        "CreateContainerConfigError",
-        "CreateContainerError",
-        "ErrImagePull",
-        "ImagePullBackOff",
-        "InvalidImageName",
-        "RunContainerError",
-    }
-)
+# (the waiting reason -> the WorkflowDeployment's Stalled reason)
+_TROUBLE = {
+    "CrashLoopBackOff": "CrashLoop",
+    "CreateContainerConfigError": "ContainerConfig",
+    "CreateContainerError": "ContainerConfig",
+    "ErrImagePull": "ImagePull",
+    "ImagePullBackOff": "ImagePull",
+    "InvalidImageName": "ImagePull",
+    "RunContainerError": "CrashLoop",
+}
+
+_UNSCHEDULABLE = ("PodScheduled", "False", "Unschedulable")
+
+
+@dataclass(frozen=True)
+class Trouble:
+    """Why a revision's workers cannot run: a ``Stalled`` reason and one line."""
+
+    reason: str
+    message: str
 
 
 MERGE_PATCH = "application/merge-patch+json"
@@ -118,19 +128,37 @@ class Kube:
             if exc.status != 404:
                 raise
 
-    async def deployment_ready(self, namespace: str, name: str) -> bool:
-        """At least one replica ready (or none wanted)."""
+    async def deployment_state(self, namespace: str, name: str) -> tuple[bool, Trouble | None]:
+        """At least one replica ready (or none wanted); and why it cannot progress, if so.
+
+        The Deployment controller's own conditions: ``Progressing`` False with
+        ``ProgressDeadlineExceeded``, and ``ReplicaFailure`` (a ReplicaSet that
+        cannot make pods: quota, admission), copied from its ReplicaSet.
+        """
         try:
             found = await self.apps.read_namespaced_deployment(name, namespace)
         except ApiException as exc:
             if exc.status == 404:
-                return False
+                return False, None
             raise
         wanted = found.spec.replicas or 0
-        return wanted == 0 or (found.status.ready_replicas or 0) >= 1
+        ready = wanted == 0 or (found.status.ready_replicas or 0) >= 1
+        trouble = None
+        for cond in found.status.conditions or []:
+            if cond.type == "ReplicaFailure" and cond.status == "True":
+                trouble = Trouble("ReplicaFailure", f"Deployment {name}: {cond.message or ''}")
+            elif (
+                cond.type == "Progressing"
+                and cond.status == "False"
+                and cond.reason == "ProgressDeadlineExceeded"
+            ):
+                trouble = Trouble(
+                    "ProgressDeadlineExceeded", f"Deployment {name}: {cond.message or ''}"
+                )
+        return ready, trouble
 
-    async def pod_trouble(self, namespace: str, selector: str) -> str:
-        """Why the selected Pods' containers cannot run, in one line ("" when they can)."""
+    async def pod_trouble(self, namespace: str, selector: str) -> Trouble | None:
+        """Why the selected Pods cannot run or be scheduled, in one line (``None``: they can)."""
         pods = await self.core.list_namespaced_pod(namespace, label_selector=selector)
         for pod in pods.items:
             for status in pod.status.container_statuses or []:
@@ -142,8 +170,13 @@ class Kube:
                 if last is not None:
                     detail = (last.message or "").strip() or f"exit code {last.exit_code}"
                 tail = detail.strip().splitlines()[-1] if detail.strip() else ""
-                return f"pod {pod.metadata.name}: {waiting.reason}" + (f": {tail}" if tail else "")
-        return ""
+                line = f"pod {pod.metadata.name}: {waiting.reason}" + (f": {tail}" if tail else "")
+                return Trouble(_TROUBLE[waiting.reason], line)
+            for cond in pod.status.conditions or []:
+                if (cond.type, cond.status, cond.reason) == _UNSCHEDULABLE:
+                    line = f"pod {pod.metadata.name}: Unschedulable: {cond.message or ''}"
+                    return Trouble("Unschedulable", line.strip().rstrip(":"))
+        return None
 
     # -- custom objects ---------------------------------------------------------------------
 
@@ -172,6 +205,26 @@ class Kube:
         except ApiException as exc:
             if exc.status != 404:
                 raise
+
+    async def patch_labels(
+        self, plural: str, namespace: str, name: str, labels: dict[str, str | None]
+    ) -> bool:
+        """Merge ``labels`` into the object's (``None`` removes one); ``False`` when gone."""
+        try:
+            await self.custom.patch_namespaced_custom_object(
+                models.GROUP,
+                models.VERSION,
+                namespace,
+                plural,
+                name,
+                {"metadata": {"labels": labels}},
+                **_MERGE,
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
 
     async def patch_status(
         self, plural: str, namespace: str, name: str, status: dict[str, Any]

@@ -24,6 +24,7 @@ API_VERSION = f"{GROUP}/{VERSION}"
 
 RevisionPhase = Literal["Pending", "Active", "Draining", "Retired"]
 RunPhase = Literal["Pending", "Running", "Completed", "Failed", "Cancelled"]
+OnDelete = Literal["Cancel", "Orphan"]
 FINISHED_PHASES: frozenset[str] = frozenset({"Completed", "Failed", "Cancelled"})
 
 _ModelT = TypeVar("_ModelT", bound=BaseModel)
@@ -46,6 +47,9 @@ class Condition(_Model):
     reason: str = ""
     message: str = ""
     last_transition_time: str | None = None
+    observed_generation: int | None = Field(
+        default=None, description="the object's generation this condition was made for"
+    )
 
 
 # -- WorkflowDeployment ---------------------------------------------------------------
@@ -151,6 +155,11 @@ class WorkflowDeploymentStatus(_Model):
     latest_revision: str | None = Field(
         default=None, description="the newest ready revision: new runs start there"
     )
+    latest_created_revision: str | None = Field(
+        default=None,
+        description="the revision of the current spec (image, module), ready or not; the "
+        "rollout is done when it equals latestRevision and Ready is True",
+    )
     revisions: list[RevisionStatus] = []
     conditions: list[Condition] = []
 
@@ -174,7 +183,22 @@ class WorkflowRunSpec(_Model):
     )
     cancel: bool = Field(default=False, description="cancel the run and keep this object")
     ttl_seconds_after_finished: int | None = Field(
-        default=None, ge=0, description="delete this object that long after the run finished"
+        default=None,
+        ge=0,
+        description="delete this object that long after the run finished (or after the "
+        "object was made, for an object that adopted a finished run)",
+    )
+    run_key: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=253,
+        description="part of the run's identity with namespace and name: the same object "
+        "applied again finds the same run; a new key starts a new run",
+    )
+    on_delete: OnDelete = Field(
+        default="Cancel",
+        description="what deleting this object does to a run that has not ended: Cancel it, "
+        "or Orphan it (the run goes on)",
     )
 
 
@@ -199,10 +223,16 @@ class WorkflowRunStatus(_Model):
     completed_at: str | None = None
     steps: StepCounts = StepCounts()
     steps_summary: str = Field(default="", description="completed/total, for kubectl")
-    waiting_on: list[str] = []
+    waiting_on: list[str] = Field(
+        default=[], description="the first WAITING_ON_LIMIT open sleeps and hooks"
+    )
+    waiting_on_count: int = Field(default=0, description="how many sleeps and hooks are open")
+    duration: str | None = Field(default=None, description="how long the run took, once ended")
+    message: str = Field(default="", description="one short line on the run, for kubectl")
     output: str | None = Field(default=None, description="the result as JSON, truncated")
     error: RunError | None = None
     mirrored: bool = Field(default=False, description="started from code, shown here")
+    observed_generation: int | None = None
     conditions: list[Condition] = []
 
 

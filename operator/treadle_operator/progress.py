@@ -3,8 +3,8 @@
 ``RunView`` takes events in slot order, once each (it keeps its cursor), so a
 status refresh reads only what is new since the last one. ``status_of`` turns
 the run's record plus its view into a ``WorkflowRunStatus``: the log itself
-never goes into the object, only counts, what the run waits on, and a
-truncated output.
+never goes into the object, only counts, what the run waits on (the first 20,
+and how many), and a truncated output.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from datetime import datetime
 from treadle import payloads
 from treadle.world import events, records
 from treadle_operator.models import RunError, RunPhase, StepCounts, WorkflowRunStatus
+from treadle_operator.runstatus import bound_waiting
 
 OUTPUT_LIMIT = 4096
 ERROR_LIMIT = 2048
@@ -105,6 +106,7 @@ def status_of(
     if run.error is not None:
         error = RunError(type=run.error.type, message=truncate(run.error.message, ERROR_LIMIT))
     finished = run.is_terminal
+    first, count = ([], 0) if finished else bound_waiting(view.waiting_on())
     return current.model_copy(
         update={
             "run_id": run.run_id,
@@ -115,7 +117,8 @@ def status_of(
             "completed_at": _stamp(run.completed_at or (run.updated_at if finished else None)),
             "steps": steps,
             "steps_summary": f"{steps.completed}/{steps.total}",
-            "waiting_on": [] if finished else view.waiting_on(),
+            "waiting_on": first,
+            "waiting_on_count": count,
             "output": output,
             "error": error,
         }

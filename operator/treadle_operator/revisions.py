@@ -28,6 +28,7 @@ class Observed:
     ready: bool = False
     active_runs: int = 0
     message: str = ""
+    stalled: str = ""  # why its workers cannot run (a Stalled reason), "" when they can
 
 
 @dataclass(frozen=True)
@@ -116,6 +117,7 @@ def plan(
             keep.append(r.id)
         result.append(r.model_copy(update={"phase": phase}))
 
+    newest_kept = next((r for r in reversed(result) if r.phase != "Retired"), None)
     retired = [r for r in result if r.phase == "Retired"]
     dropped = {r.id for r in retired[: max(0, len(retired) - spec.revision_history_limit)]}
     result = [r for r in result if r.id not in dropped]
@@ -125,6 +127,7 @@ def plan(
                 "observed_generation": generation,
                 "revision_count": count,
                 "latest_revision": None if latest is None else latest.id,
+                "latest_created_revision": None if newest_kept is None else newest_kept.id,
                 "revisions": result,
             }
         ),

@@ -5,6 +5,16 @@ chosen and written to ``status.runId`` *before* the run is recorded, and the
 World's ``runs.create`` with an existing id returns that run. So a handler
 that dies anywhere in between, retried, starts the same run, never a second.
 
+The run id derives from the object (``binding.run_id``: namespace, name and
+``spec.runKey``). A WorkflowRun deleted (by TTL or by hand) and applied again
+finds the run that exists and *adopts* it (its binding checked, status synced
+from it, nothing started): GitOps self-heal never re-runs a workflow.
+
+Deleting a WorkflowRun cancels its run (``spec.onDelete: Cancel``, the
+default) or leaves it running (``Orphan``). A cancel that cannot reach the
+World raises ``CancelPending``: the handler keeps the finalizer and retries,
+with a Warning Event, instead of letting the run go on unseen (review R8).
+
 Everything a start can be refused for is checked before anything is recorded:
 an unknown workflow, input that is not an object or array, arguments the
 workflow's signature cannot take (from the catalogue its workers registered).
@@ -23,9 +33,10 @@ from treadle import errors as engine_errors
 from treadle import limits, payloads
 from treadle.client import start_run
 from treadle.sdk import catalogue, functions
-from treadle.world import events, ids
+from treadle.world import events
+from treadle.world.records import RunRecord
 from treadle.worlds.production import PostgresNatsWorld
-from treadle_operator import binding, models
+from treadle_operator import binding, models, runstatus
 from treadle_operator.conditions import condition, merge_conditions
 from treadle_operator.errors import WorldUnavailable
 from treadle_operator.models import WorkflowDeploymentSpec, WorkflowRunSpec, WorkflowRunStatus
@@ -47,13 +58,46 @@ class NotYet(Exception):
         self.reason = reason
 
 
+class CancelPending(Exception):
+    """A deleted WorkflowRun's run could not be cancelled yet (the World is unreachable)."""
+
+
 def _status(body: dict[str, Any]) -> WorkflowRunStatus:
     return models.parse_status(WorkflowRunStatus, body.get("status"))
 
 
 async def _patch(state: State, body: dict[str, Any], status: WorkflowRunStatus) -> None:
     meta = body["metadata"]
-    await state.kube.patch_status(PLURAL, meta["namespace"], meta["name"], models.dump(status))
+    shown = runstatus.present(status, meta.get("generation"))
+    await state.kube.patch_status(PLURAL, meta["namespace"], meta["name"], models.dump(shown))
+    await label(state, body, shown)
+
+
+async def label(state: State, body: dict[str, Any], status: WorkflowRunStatus) -> None:
+    """Bring the object's deployment, revision and phase labels up to date."""
+    meta = body["metadata"]
+    deployment = str((body.get("spec") or {}).get("deployment") or "")
+    patch = runstatus.label_patch(body, runstatus.labels(deployment, status))
+    if patch:
+        await state.kube.patch_labels(PLURAL, meta["namespace"], meta["name"], patch)
+        have = dict(meta.get("labels") or {})
+        have.update({k: v for k, v in patch.items() if v is not None})
+        meta["labels"] = {k: v for k, v in have.items() if patch.get(k, v) is not None}
+
+
+async def waiting(state: State, body: dict[str, Any], exc: NotYet) -> None:
+    """The object stays Pending and says why (``Started`` False with the reason)."""
+    current = _status(body)
+    pending = current.model_copy(
+        update={
+            "phase": "Pending",
+            "reason": exc.reason,
+            "conditions": started(current, False, exc.reason, str(exc)),
+        }
+    )
+    shown = runstatus.present(pending, body["metadata"].get("generation"))
+    if shown != current:
+        await _patch(state, body, pending)
 
 
 async def world_of(
@@ -120,6 +164,15 @@ async def start(state: State, body: dict[str, Any]) -> None:
         state.sync.track(status.run_id, world, body, status, payloads.active())
         return
 
+    run_id = binding.run_id(namespace, meta["name"], spec.run_key)
+    try:
+        existing = await world.runs.get(run_id)
+    except engine_errors.RunNotFound:
+        pass
+    else:
+        await adopt(state, world, body, wfd, existing)
+        return
+
     if spec.cancel:
         cancelled = status.model_copy(
             update={"phase": "Cancelled", "reason": "CancelledBeforeStart"}
@@ -149,7 +202,6 @@ async def start(state: State, body: dict[str, Any]) -> None:
         await _patch(state, body, failed)
         await state.kube.event(body, reason, message, warning=True)
         return
-    run_id = ids.new_run_id()
     chosen = status.model_copy(
         update={
             "run_id": run_id,
@@ -164,6 +216,40 @@ async def start(state: State, body: dict[str, Any]) -> None:
     await _record_run(state, world, body, spec, run_id, revision)
     await state.kube.event(body, "Started", f"run {run_id} started on revision {revision}")
     state.sync.track(run_id, world, body, chosen, payloads.active())
+
+
+async def adopt(
+    state: State,
+    world: PostgresNatsWorld,
+    body: dict[str, Any],
+    wfd: dict[str, Any],
+    run: RunRecord,
+) -> None:
+    """The object's run exists (it was deleted and applied again): show it, start nothing."""
+    problem = binding.refusal(run, body, wfd)
+    if problem is not None:
+        await refuse(state, body, problem)
+        return
+    status = _status(body)
+    message = f"run {run.run_id} on {run.deployment_id} existed: adopted, nothing started"
+    adopted = status.model_copy(
+        update={
+            "run_id": run.run_id,
+            "revision": run.deployment_id,
+            "reason": "Adopted",
+            "error": None,
+            "conditions": started(status, True, "RunAdopted", message),
+        }
+    )
+    await _patch(state, body, adopted)
+    await state.kube.event(body, "Adopted", message)
+    log.info("run %s adopted by WorkflowRun %s", run.run_id, _name(body))
+    state.sync.track(run.run_id, world, body, adopted, payloads.active())
+
+
+def _name(body: dict[str, Any]) -> str:
+    meta = body.get("metadata") or {}
+    return f"{meta.get('namespace')}/{meta.get('name')}"
 
 
 def started(
@@ -238,7 +324,9 @@ async def _record_run(
         deployment_id=revision,
         spec_version=SPEC_VERSION,
         run_id=run_id,
-        attributes=binding.attributes(meta["namespace"], meta["name"], spec.deployment),
+        attributes=binding.attributes(
+            meta["namespace"], meta["name"], spec.deployment, spec.run_key
+        ),
     )
     log.info(
         "run %s of %s started on %s for %s/%s",
@@ -250,8 +338,16 @@ async def _record_run(
     )
 
 
-async def cancel(state: State, body: dict[str, Any], reason: str) -> None:
-    """Cancel the run (if it has one and it has not ended)."""
+async def cancel(
+    state: State, body: dict[str, Any], reason: str, *, deleting: bool = False
+) -> None:
+    """Cancel the run (if it has one and it has not ended).
+
+    ``deleting``: the object is going away. Its WorkflowDeployment gone, the run
+    is let go with a Warning Event (nothing can reach its World); the World
+    unreachable, ``CancelPending`` is raised so the finalizer stays and the
+    handler retries.
+    """
     status = _status(body)
     if not status.run_id or status.phase in models.FINISHED_PHASES:
         return
@@ -259,12 +355,26 @@ async def cancel(state: State, body: dict[str, Any], reason: str) -> None:
     try:
         world, wfd = await world_of(state, body["metadata"]["namespace"], spec.deployment)
     except NotYet as exc:
+        if deleting and exc.reason == "DeploymentNotFound":
+            await state.kube.event(
+                body,
+                "RunOrphaned",
+                f"run {status.run_id} not cancelled: {exc}; it may go on",
+                warning=True,
+            )
+            return
+        if deleting:
+            raise CancelPending(f"cannot cancel run {status.run_id} yet: {exc}") from exc
         log.warning("cannot cancel run %s: %s", status.run_id, exc)
         return
     try:
         run = await world.runs.get(status.run_id)
     except engine_errors.RunNotFound:
         return  # never recorded: nothing to cancel
+    except Exception as exc:
+        if deleting:
+            raise CancelPending(f"cannot cancel run {status.run_id} yet: {exc}") from exc
+        raise
     problem = binding.refusal(run, body, wfd)
     if problem is not None:
         log.warning("not cancelling run %s: %s", status.run_id, problem)
@@ -274,6 +384,10 @@ async def cancel(state: State, body: dict[str, Any], reason: str) -> None:
         await world.events.create(status.run_id, events.RunCancelled(reason=reason), in_band=False)
     except (engine_errors.RunExpired, engine_errors.RunNotFound, engine_errors.WorldContractError):
         return  # ended (or never recorded) meanwhile: nothing to cancel
+    except Exception as exc:
+        if deleting:
+            raise CancelPending(f"cannot cancel run {status.run_id} yet: {exc}") from exc
+        raise
     await state.kube.event(body, "Cancelling", f"run {status.run_id}: {reason}")
     state.sync.poke(status.run_id)
 
@@ -307,10 +421,17 @@ def expired(body: dict[str, Any], now: datetime) -> bool:
     status = _status(body)
     if spec.ttl_seconds_after_finished is None or status.phase not in models.FINISHED_PHASES:
         return False
-    if not status.completed_at:
+    stamps = [status.completed_at, (body.get("metadata") or {}).get("creationTimestamp")]
+    # An object that adopted a finished run lives its TTL from when it was made, so a
+    # GitOps tool re-applying it does not see it vanish at once, again and again.
+    times = [
+        datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+        for stamp in stamps
+        if isinstance(stamp, str) and stamp
+    ]
+    if not status.completed_at or not times:
         return True
-    finished = datetime.strptime(status.completed_at, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
-    return (now - finished).total_seconds() >= spec.ttl_seconds_after_finished
+    return (now - max(times)).total_seconds() >= spec.ttl_seconds_after_finished
 
 
 mirror_name = binding.mirror_name

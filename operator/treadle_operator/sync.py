@@ -32,7 +32,7 @@ from treadle import errors as engine_errors
 from treadle import payloads
 from treadle.worlds.postgres.feed import CHANNEL
 from treadle.worlds.production import PostgresNatsWorld
-from treadle_operator import models
+from treadle_operator import models, runstatus
 from treadle_operator.kube import Kube
 from treadle_operator.models import WorkflowRunStatus
 from treadle_operator.progress import RunView, status_of
@@ -212,7 +212,10 @@ class StatusSync:
             run = await world.runs.get(run_id)
         except engine_errors.RunNotFound:
             return
-        status = status_of(run, tracked.view, tracked.status, keys=tracked.keys)
+        generation = (tracked.body.get("metadata") or {}).get("generation")
+        status = runstatus.present(
+            status_of(run, tracked.view, tracked.status, keys=tracked.keys), generation
+        )
         if status == tracked.status:
             return
         before = tracked.status.phase
@@ -221,6 +224,14 @@ class StatusSync:
             self.untrack(run_id)
             return
         tracked.status = status
+        deployment = str((tracked.body.get("spec") or {}).get("deployment") or "")
+        labels = runstatus.label_patch(tracked.body, runstatus.labels(deployment, status))
+        if labels and await self._kube.patch_labels(
+            "workflowruns", tracked.namespace, tracked.name, labels
+        ):
+            meta = tracked.body.setdefault("metadata", {})
+            merged = {**(meta.get("labels") or {}), **labels}
+            meta["labels"] = {k: v for k, v in merged.items() if v is not None}
         if status.phase != before:
             message = f"run {run_id} is {status.phase.lower()}"
             if status.error is not None:

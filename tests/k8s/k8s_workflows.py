@@ -46,3 +46,10 @@ async def nap(seconds: float) -> str:
 async def naps(count: int, seconds: float) -> list[str]:
     """``count`` background steps at once: a backlog on the step queue."""
     return list(await asyncio.gather(*(nap(seconds) for _ in range(count))))
+
+
+@app.workflow
+async def fanout(count: int) -> int:
+    """``count`` hooks open at once (``fanout:<i>``): a long ``waitingOn``."""
+    answers = await asyncio.gather(*(Approval.wait(token=f"fanout:{i}") for i in range(count)))
+    return sum(1 for a in answers if a and a.approved)

@@ -9,7 +9,10 @@ stderr in log files, the environment resolved as a kubelet does
 ``TREADLE_POD_NAME``. It reports through ``pods/status``: Running and Ready
 while the process runs; on exit ``restartCount``, ``lastState.terminated``
 (exit code, reason, the stderr tail) and ``CrashLoopBackOff`` while it backs off
-(1 s doubling to 8 s) under restartPolicy Always. A deletionTimestamp means
+(1 s doubling to 8 s) under restartPolicy Always. An image under
+``UNPULLABLE`` (``unpullable.invalid/...``) is never pulled: the container waits
+in ``ErrImagePull``, then ``ImagePullBackOff``, as a registry without it makes a
+kubelet do. A deletionTimestamp means
 SIGTERM, the grace period (capped at 10 s), SIGKILL, then deleting the Pod with
 grace period 0, as a kubelet does. Used by ``conftest.py``.
 """
@@ -44,6 +47,7 @@ BACKOFF_MAX = 8.0
 # A container that ran this long restarts after BACKOFF_START again.
 BACKOFF_RESET_AFTER = 10.0
 CONFIG_RETRY_SECONDS = 1.0
+UNPULLABLE = "unpullable.invalid/"
 GRACE_CAP_SECONDS = 10.0
 MESSAGE_LIMIT = 1024
 START_SECONDS = 30.0
@@ -315,6 +319,16 @@ class ProcessKubelet:
         policy = state.pod["spec"].get("restartPolicy", "Always")
         restarts, backoff = 0, BACKOFF_START
         last: dict[str, Any] = {}
+        image = str(state.container.get("image", ""))
+        if image.startswith(UNPULLABLE):
+            reason = "ErrImagePull"
+            while not state.deleting.is_set():
+                message = f"rpc error: pull access denied for {image}: repository does not exist"
+                waiting = {"reason": reason, "message": message}
+                await self._report(state, "Pending", {"waiting": waiting}, last, restarts)
+                await self._pause(state, CONFIG_RETRY_SECONDS)
+                reason = "ImagePullBackOff"
+            return
         while not state.deleting.is_set():
             try:
                 argv, env = await self._prepare(state)

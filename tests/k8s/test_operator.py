@@ -106,7 +106,8 @@ def test_a_deployment_starts_its_workers_and_a_run_completes_with_status_synced(
     assert [r["phase"] for r in wfd["status"]["revisions"]] == ["Active"]
     conditions = {c["type"]: c["status"] for c in wfd["status"]["conditions"]}
     assert conditions == {
-        "SpecAccepted": "True", "WorldReachable": "True", "Ready": "True", "WorkersHealthy": "True"
+        "SpecAccepted": "True", "WorldReachable": "True", "Ready": "True", "WorkersHealthy": "True",
+        "Progressing": "False", "Reconciling": "False", "Stalled": "False",
     }  # fmt: skip
     pods = _worker_pods(shop, revision)
     assert {p["metadata"]["labels"]["treadle.dev/role"] for p in pods} == {  # type: ignore[index]
@@ -255,7 +256,7 @@ def test_bad_runs_fail_with_the_reason_and_record_nothing(shop: Shop) -> None:
     assert unknown["reason"] == "UnknownWorkflow"
     started = {c["type"]: c for c in unknown["conditions"]}["Started"]
     assert (started["status"], started["reason"]) == ("False", "UnknownWorkflow")
-    served = "serves no workflow 'refund' (it serves: approval, greet, naps)"
+    served = "serves no workflow 'refund' (it serves: approval, fanout, greet, naps)"
     assert served in unknown["error"]["message"]
     shape = shop.phase("shape", "Failed")
     assert shape["reason"] == "InvalidInput"
@@ -335,7 +336,8 @@ def test_runs_started_from_code_are_mirrored_when_asked(shop: Shop) -> None:
     assert obj["status"]["runId"] == run_id  # type: ignore[index]
     assert obj["status"]["mirrored"] is True  # type: ignore[index]
     assert obj["spec"] == {"deployment": "shop", "workflow": "greet",  # type: ignore[index]
-                           "input": {"name": "mirror"}, "cancel": False}  # fmt: skip
+                           "input": {"name": "mirror"}, "cancel": False,
+                           "onDelete": "Cancel"}  # fmt: skip
 
 
 def test_step_workers_scale_with_the_step_backlog(shop_factory: Callable[[], Shop]) -> None:

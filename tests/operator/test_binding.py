@@ -12,6 +12,7 @@ from typing import Any
 
 from pydantic import JsonValue
 
+from treadle.world import ids
 from treadle.world.records import RunRecord
 from treadle_operator import binding
 
@@ -72,3 +73,38 @@ def test_user_attributes_do_not_make_a_code_started_run_anyones() -> None:
     """A forged-looking attribute is still a binding: it names someone else, so it is refused."""
     run = _run({binding.BINDING: "team-a/order-1"})
     assert binding.refusal(run, _wfr("team-a", "order-1"), _wfd("shop-abc123")) is not None
+
+
+def _keyed(namespace: str, name: str, key: str | None, deployment: str = "shop") -> dict[str, Any]:
+    body = _wfr(namespace, name, deployment)
+    if key is not None:
+        body["spec"]["runKey"] = key
+    return body
+
+
+def test_the_run_id_derives_from_namespace_name_and_run_key() -> None:
+    """Issue 11 item 2: re-applying the same object names the same run; a new key another."""
+    first = binding.run_id("team-a", "nightly", None)
+    assert first == binding.run_id("team-a", "nightly", None)
+    assert ids.is_run_id(first) and ids.is_keyed_run_id(first)
+    others = {
+        binding.run_id("team-b", "nightly", None),
+        binding.run_id("team-a", "nightly-2", None),
+        binding.run_id("team-a", "nightly", "2026-01-02"),
+        binding.run_id("team-a", "nightly", "2026-01-03"),
+    }
+    assert first not in others and len(others) == 4
+
+
+def test_the_run_key_is_part_of_the_binding() -> None:
+    """A run started under one key is not the run of the same object under another key."""
+    run = _run(binding.attributes("team-a", "nightly", "shop", "k1"))
+    assert binding.refusal(run, _keyed("team-a", "nightly", "k1"), None) is None
+    problem = binding.refusal(run, _keyed("team-a", "nightly", "k2"), None)
+    assert problem is not None and "runKey k1" in problem and "runKey k2" in problem
+    assert binding.refusal(run, _keyed("team-a", "nightly", None), None) is not None
+    unkeyed = _run(binding.attributes("team-a", "nightly", "shop"))
+    assert binding.BINDING in unkeyed.attributes
+    assert "runKey" not in unkeyed.attributes[binding.BINDING]  # type: ignore[operator]
+    assert binding.refusal(unkeyed, _keyed("team-a", "nightly", None), None) is None
+    assert binding.refusal(unkeyed, _keyed("team-a", "nightly", "k1"), None) is not None

@@ -49,7 +49,11 @@ def test_free_form_and_optional_fields() -> None:
     assert ttl == {**ttl, "type": "integer", "nullable": True, "minimum": 0}
     assert props["spec"]["required"] == ["deployment", "workflow"]
     columns = [c["name"] for c in run["spec"]["versions"][0]["additionalPrinterColumns"]]
-    assert columns == ["Workflow", "Revision", "Phase", "Steps", "Age"]
+    assert columns == [
+        "Workflow", "Revision", "Phase", "Steps", "Started", "Duration", "Message", "Age"
+    ]  # fmt: skip
+    assert props["spec"]["properties"]["onDelete"]["enum"] == ["Cancel", "Orphan"]
+    assert props["spec"]["properties"]["runKey"]["maxLength"] == 253
     assert run["spec"]["names"]["shortNames"] == ["wfr"]
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from treadle_operator import revisions
+from treadle_operator import deployments, revisions
 from treadle_operator.models import WorkflowDeploymentSpec, WorkflowDeploymentStatus
 from treadle_operator.revisions import Observed
 
@@ -108,3 +108,39 @@ def test_history_keeps_at_most_the_limit_of_retired_revisions() -> None:
         status = _plan(spec, made.status, {made.created or "": Observed(ready=True)}).status
     assert [r.phase for r in status.revisions] == ["Retired", "Active"]
     assert status.revision_count == 4
+
+
+def _gitops(latest: str | None, ready_created: str | None, stall: str = "") -> dict[str, str]:
+    made = deployments._rollout(
+        latest, ready_created, stall, f"revision x: {stall}" if stall else "", coming="x"
+    )
+    return {c.type: f"{c.status}/{c.reason}" for c in made}
+
+
+def test_a_broken_image_after_a_good_one_reads_stalled_and_never_rolled_out() -> None:
+    """Issue 11 item 1 (kstatus): latestCreatedRevision names the new revision; while it is
+    not ready the old one stays latest, but Ready is False; a crash loop is Stalled."""
+    one = _plan(_spec("img:1"), WorkflowDeploymentStatus())
+    old = one.created
+    assert old is not None
+    good = _plan(_spec("img:1"), one.status, {old: Observed(ready=True)})
+    assert good.status.latest_created_revision == good.status.latest_revision == old
+    assert _gitops(old, old) == {
+        "Ready": "True/RevisionReady", "Progressing": "False/RolledOut",
+        "Reconciling": "False/RolledOut", "Stalled": "False/NotStalled",
+    }  # fmt: skip
+    broken = _plan(_spec("img:broken"), good.status, {old: Observed(ready=True)})
+    new = broken.created
+    assert new is not None
+    crashing = Observed(ready=False, message="CrashLoopBackOff", stalled="CrashLoop")
+    stalled = _plan(_spec("img:broken"), broken.status, {old: Observed(ready=True), new: crashing})
+    assert stalled.status.latest_revision == old
+    assert stalled.status.latest_created_revision == new
+    assert _gitops(old, None) == {
+        "Ready": "False/RevisionNotReady", "Progressing": "True/RevisionProgressing",
+        "Reconciling": "True/RevisionProgressing", "Stalled": "False/NotStalled",
+    }  # fmt: skip
+    assert _gitops(old, None, "CrashLoop") == {
+        "Ready": "False/CrashLoop", "Progressing": "False/CrashLoop",
+        "Reconciling": "False/CrashLoop", "Stalled": "True/CrashLoop",
+    }  # fmt: skip

@@ -36,6 +36,21 @@ def _orch(**fields: object) -> messages.OrchestratorMessage:
     return messages.OrchestratorMessage.model_validate({"run_id": "wrun_x", **fields})
 
 
+def test_a_keyed_run_id_is_a_run_id_named_by_its_key_whose_clock_starts_when_recorded() -> None:
+    """Issue 11 item 2: the operator names a WorkflowRun's run by a key. The id has the run
+    id shape (the Worlds accept it), the same key gives the same id, and with no time in it
+    the workflow clock starts at the recorded run_created time, while a ULID run id keeps
+    its own time."""
+    keyed = ids.keyed_run_id("ns\0name\0")
+    assert ids.is_run_id(keyed) and ids.is_keyed_run_id(keyed)
+    assert keyed == ids.keyed_run_id("ns\0name\0") != ids.keyed_run_id("ns\0name\0k")
+    recorded = datetime(2026, 12, 1, 13, 0, tzinfo=UTC)
+    assert ids.clock_origin(keyed, recorded) == recorded
+    plain = ids.new_run_id()
+    assert not ids.is_keyed_run_id(plain)
+    assert ids.clock_origin(plain, recorded) == ids.run_created_at(plain)
+
+
 def test_spec_9_orchestrator_messages_are_gated_by_run() -> None:
     """A stamped spec 9 wake joins its run's line."""
     assert routing.gated_run_id(_orch(run_spec_version=9), None) == "wrun_x"

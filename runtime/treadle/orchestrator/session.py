@@ -121,6 +121,7 @@ class RunSession:
             workflow=body,
             args=args,
             kwargs=kwargs,
+            created_at=self.state.created_at,
         )
         for event in self.loaded:
             self.replay.feed(event)

@@ -144,10 +144,12 @@ class Replay:
         workflow: Callable[..., Awaitable[Any]],
         args: list[Any],
         kwargs: dict[str, Any],
+        created_at: datetime | None = None,
     ) -> None:
         self.run_id = run_id
         self.workflow_name = workflow_name
-        self.started_at = ids.run_created_at(run_id)
+        # The id's time, or for a keyed run id the recorded run_created time.
+        self.started_at = ids.clock_origin(run_id, created_at)
         self.loop = WorkflowLoop(self._new_timer, now=self.started_at.timestamp())  # type: ignore[abstract]
         self.random = random_module.Random(run_id)
         self.position = 0
