@@ -152,8 +152,19 @@ async def test_a_re_published_start_copy_goes_turbo_and_changes_nothing(
         for s in faulty.queue.sent
         if isinstance(s.message, messages.OrchestratorMessage) and s.message.run_input
     ]
-    answered = len(faulty.queue.orchestrator_answers())
-    await faulty.queue.send(start.message)  # unkeyed: the copy is a new message
+    first = faulty.queue.orchestrator_answers()[0].meta.message_id
+    for _ in range(5):
+        # The spy records the ACK a moment before the queue releases the run's gate; a
+        # copy arriving in that moment is coalesced into a re-run of the first delivery
+        # (which finds nothing new and acks). Send another copy until one is delivered
+        # as a message of its own, which is the timeline under test.
+        answered = len(faulty.queue.orchestrator_answers())
+        await faulty.queue.send(start.message)  # unkeyed: the copy is a new message
+        await faulty.queue.until(lambda n=answered: len(faulty.queue.orchestrator_answers()) > n)
+        got = faulty.queue.orchestrator_answers()[answered]
+        if got.meta.message_id != first:
+            break
+        assert got.result == messages.ACK and ran["a"] == 1
     await faulty.queue.until(lambda: len(faulty.queue.orchestrator_answers()) >= answered + 2)
     copy, again = faulty.queue.orchestrator_answers()[answered : answered + 2]
     assert copy.meta.delivery_count == 1 and copy.result == messages.Redeliver(1)
