@@ -24,9 +24,9 @@ revision, so concurrent workers agree on one outcome:
 A holder that died keeps the run until its lease expires; then the first
 message of the run to come (usually its own redelivery) takes over.
 
-An entry is trusted only in range (``Lease.in_range``, security review H2): a
-holder of a message id's shape, a token as ``take`` mints them, an expiry no
-further ahead than a lease (with as much again for clock skew). Anything else
+An entry is trusted only in range (``Lease.in_range``, security review H2): an
+expiry no further ahead than a lease (with as much again for clock skew) and a
+coalesced count in range. Anything else
 (a hand-written ``{"holder": "msg_evil", "expires_at_ms": 99999999999999}``, say)
 is logged and treated as a free run: taken over, never coalesced into.
 """
@@ -37,7 +37,6 @@ import asyncio
 import json
 import logging
 import math
-import re
 import secrets
 import time
 from dataclasses import dataclass, replace
@@ -50,7 +49,6 @@ from treadle import errors
 from treadle.world import messages
 
 log = logging.getLogger("treadle.worlds.nats")
-_TOKEN = re.compile(r"[0-9a-f]{16}")
 
 # JSStreamWrongLastSequenceErr and its constant form: a compare-and-set lost a race.
 _CAS_CONFLICT_CODES: Final = frozenset({10071, 10164})
@@ -82,9 +80,7 @@ class Lease:
         """Could ``take``, ``renew`` or ``reserve`` have written this entry (``lease_ms``
         ahead at most, the same again allowed for clock skew between workers)?"""
         return (
-            messages.is_message_id(self.holder)
-            and bool(_TOKEN.fullmatch(self.token))
-            and self.expires_at_ms <= now_ms + 2 * lease_ms
+            self.expires_at_ms <= now_ms + 2 * lease_ms
             and 0 <= self.coalesced <= messages.MAX_DELIVERY_COUNT
         )
 
