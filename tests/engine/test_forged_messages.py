@@ -401,3 +401,24 @@ async def test_an_older_senders_step_message_with_the_logs_input_still_runs(
     finally:
         await app.close(grace_seconds=1)
         await world.close()
+
+
+async def test_a_forged_deployment_stamp_fails_no_run(
+    make_app: MakeApp, forger_of: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A wake for the victim stamped ``deployment_id: gone`` on this worker's queue was
+    re-routed by its stamp: deployment ``gone`` is unknown, so the run was failed as
+    pinned to it (``DeploymentMismatch``). The run's record says where it is pinned now:
+    here, so the message is served as a wake, logged, and the run is unharmed."""
+    caplog.set_level(logging.WARNING, logger="treadle")
+    victim = _victim(make_app)
+    run, _ = await _idle_victim(victim)
+    world = await victim.app.world()
+    forger = await forger_of(victim.app)
+    before = await _log(world, run.run_id)
+    forged = {**wake_payload(run.run_id), "deployment_id": "gone"}
+    await forger.settled(await forger.publish(forged))
+    assert (await world.runs.get(run.run_id)).status == "running"
+    assert await _log(world, run.run_id) == before
+    assert _refusals(caplog, run.run_id, "stamped for deployment gone")
+    await _completes(victim, run)
