@@ -36,6 +36,8 @@ its message names them too::
         ├── HookNotFound              no live hook with that token
         ├── EarlierItemRefused        a batch item whose correlation id had an earlier refusal
         ├── MessageTooLarge           a queue message over the size limit
+        ├── MessageRefused            a queue message whose stamp is out of range, or that the
+        │                             run's log contradicts: acknowledged, nothing run or written
         ├── HookPayloadNotRecorded    resume_hook's write failed and recorded nothing: retry it
         ├── DeadLetterNotFound        no dead letter with that message id
         ├── FenceNotSupported         the World lacks the in-band fence spec 9 runs need
@@ -370,6 +372,22 @@ class MessageTooLarge(WorldError):
         )
         self.size = size
         self.limit = limit
+
+
+class MessageRefused(WorldError):
+    """A queue message refused at the boundary: a header or field out of its range (a
+    delivery offset, an attempt count, a spec version, an id of the wrong shape), or a
+    message the run's log contradicts (a step the log never created, another step name or
+    input). Nothing is run or written for it (security review H2)."""
+
+    def __init__(
+        self, reason: str, *, message_id: str | None = None, run_id: str | None = None
+    ) -> None:
+        where = f"run {run_id}: " if run_id else ""
+        which = f"message {message_id}" if message_id else "a message"
+        super().__init__(f"{where}{which} refused: {reason}", run_id=run_id)
+        self.reason = reason
+        self.message_id = message_id
 
 
 class HookPayloadNotRecorded(WorldError):

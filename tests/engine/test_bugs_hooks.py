@@ -575,8 +575,9 @@ async def test_a_step_completion_wake_carries_the_runs_spec_version(
     make_app: MakeApp, faulty: FaultyWorld
 ) -> None:
     """Bug 9 / RO3: the wake a step delivery sends after the outcome is stamped with the
-    spec version the run's message carries (run_context.spec_version), not the one this
-    worker mints for new runs (here 9 while the run's message says 8)."""
+    run's spec version, not the one this worker mints for new runs (here 9 while the run
+    is 8). Since H2 the stamp is the run's log's (run_created), never the message's: the
+    message here says 7 and the wake still carries 8."""
     app = make_app(world=faulty)
 
     @app.step
@@ -584,9 +585,14 @@ async def test_a_step_completion_wake_carries_the_runs_spec_version(
         return "ok"
 
     run = await faulty.runs.create(
-        workflow_name="wf", input=None, deployment_id="local", spec_version=9
+        workflow_name="wf", input=None, deployment_id="local", spec_version=8
     )
-    message = _step_message(run.run_id, spec_version=8)
+    await faulty.events.create(
+        run.run_id,
+        events.StepCreated(correlation_id="step_x", step_name="work", input=None),
+        in_band=False,
+    )
+    message = _step_message(run.run_id, spec_version=7)
     meta = messages.DeliveryMeta(
         message_id="m", delivery_count=1, attempt=1, invocation_started_at=0
     )

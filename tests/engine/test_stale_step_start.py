@@ -11,10 +11,11 @@ a delivery whose lease lapsed during its start write runs no body either.
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from treadle import RetryableError
 from treadle.orchestrator import steps as step_handler
-from treadle.world import events, messages
+from treadle.world import events, messages, records
 
 from .conftest import MakeApp
 from .faults import FaultyWorld
@@ -62,27 +63,40 @@ async def test_a_plain_delivery_whose_start_is_stale_runs_no_body(
         return "ran"
 
     run_id, message = await _step_with_message(faulty, "step_stale")
-    for attempt in (1, 2):
-        await faulty.events.create(
-            run_id,
-            events.StepStarted(correlation_id="step_stale", step_name="work", attempt=attempt),
-            in_band=False,
-        )
-        await faulty.events.create(
-            run_id,
-            events.StepRetrying(
-                correlation_id="step_stale", step_name="work", attempt=attempt,
-                error=events.ErrorInfo(message="try again", type="RetryableError"),
-            ),
-            in_band=False,
-        )  # fmt: skip
-    before = (await faulty.events.list(run_id)).events
+    forward = faulty.events.create
+    before: list[events.LoggedEvent] = []
+
+    async def stalled_start(run: str, event: events.Event, **kw: Any) -> records.EventResult:
+        # The handler read the log (no start yet) and stalls in its start write; meanwhile
+        # the redeliveries start and retry attempts 1 and 2; then the stale write lands.
+        if isinstance(event, events.StepStarted) and not before:
+            for attempt in (1, 2):
+                await forward(
+                    run,
+                    events.StepStarted(
+                        correlation_id="step_stale", step_name="work", attempt=attempt
+                    ),
+                    in_band=False,
+                )
+                await forward(
+                    run,
+                    events.StepRetrying(
+                        correlation_id="step_stale", step_name="work", attempt=attempt,
+                        error=events.ErrorInfo(message="try again", type="RetryableError"),
+                    ),
+                    in_band=False,
+                )  # fmt: skip
+            before.extend((await faulty.events.list(run_id)).events)
+        return await forward(run, event, **kw)
+
+    faulty.events.create = stalled_start  # type: ignore[method-assign]
     answer = await step_handler.handle_step_message(
         app.runtime(faulty), message, _plain_meta("m-stale")
     )
     assert answer == messages.ACK
     assert ran == []
-    assert (await faulty.events.list(run_id)).events == before
+    assert before
+    assert list((await faulty.events.list(run_id)).events) == before
     step = await faulty.steps.get(run_id, "step_stale")
     assert (step.status, step.attempt) == ("retrying", 2)
 

@@ -166,7 +166,9 @@ class OrchestratorDelivery:
             return messages.Redeliver(constants.MAX_REDELIVER_SECONDS)
         compat.require_fence(self.rt.world, state.spec_version, run_id=self.run_id)
         cap = self.settings.WORKFLOW_MAX_QUEUE_DELIVERIES
-        if self.meta.attempt > cap:
+        # The queue's own count: deliveries only the message's headers vouch for (a forged
+        # Treadle-Delivery-Offset, H2) never fail a run.
+        if self.meta.own_attempts > cap:
             await self.session.fail_out_of_band(
                 events.ErrorInfo(
                     message=f"the run's orchestrator message was delivered {self.meta.attempt} "
@@ -235,15 +237,55 @@ class OrchestratorDelivery:
             and self.meta.attempt == 1
             and self.meta.delivery_count == 1
         ):
-            self.session.synthesize(start)
-            self._turbo = True
-            return True
+            try:
+                turbo = await self._turbo_start(start)
+            except errors.RunNotFound:
+                log.warning(
+                    "run %s: start message %s names no run; nothing run or written",
+                    self.run_id,
+                    self.meta.message_id,
+                )
+                return False
+            if turbo is not None:
+                self.session.synthesize(turbo)
+                self._turbo = True
+                return True
         try:
             await self.session.load()
         except errors.RunNotFound:
             log.warning("run %s: message %s names no run", self.run_id, self.meta.message_id)
             return False
         return True
+
+    async def _turbo_start(self, start: messages.RunInput) -> messages.RunInput | None:
+        """Turbo's log of one ``run_created``, from the run's record, never from the message
+        (security review H2: a forged start names no run, or another input): the record
+        (one row, not the log) must show a pending run with nothing after its creation, or
+        the delivery loads the log. A start whose ``run_input`` differs from the record is
+        logged and served from the record."""
+        record = await self.rt.world.runs.get(self.run_id)
+        if record.status != "pending" or record.snapshot != events.Snapshot(
+            seq=1, seq_in_band=constants.IN_BAND_SEQ_AT_RUN_CREATION
+        ):
+            return None
+        logged = messages.RunInput(
+            workflow_name=record.workflow_name,
+            input=record.input,
+            spec_version=record.spec_version,
+            deployment_id=record.deployment_id,
+            created_at=record.created_at,
+        )
+        sent = (start.workflow_name, start.input, start.spec_version)
+        if sent != (logged.workflow_name, logged.input, logged.spec_version) or (
+            start.deployment_id not in (None, record.deployment_id)
+        ):
+            log.warning(
+                "run %s: start message %s carries a run_input other than the run's record "
+                "(forged or stale); the record's is used",
+                self.run_id,
+                self.meta.message_id,
+            )
+        return logged
 
     # -- the passes ------------------------------------------------------------------
 

@@ -291,7 +291,11 @@ class RunSession:
         resent: bool = False,
         delay_seconds: float = 0.0,
     ) -> messages.Send:
-        """A step's one message, under its stable key; a large input stays in the log."""
+        """A step's one message, under its stable key: ids, never the input (the handler
+        takes the step's input from its creation in the log, security review H2).
+        ``step_input`` is not sent; an older handler reads it from the log too
+        (``input_in_log``)."""
+        del step_input
         state = self.state
         message = messages.StepMessage(
             run_id=self.run_id,
@@ -305,10 +309,8 @@ class RunSession:
                 deployment_id=state.deployment_id,
                 workflow_name=state.workflow_name,
             ),
-            input=step_input,
+            input_in_log=True,
             max_retries=max_retries,
             step_attempt=attempt,
         )
-        if len(message.model_dump_json()) > constants.MAX_MESSAGE_BYTES - 1024:
-            message = message.model_copy(update={"input": None, "input_in_log": True})
         return messages.Send(message, step_key(self.run_id, step_id), delay_seconds)

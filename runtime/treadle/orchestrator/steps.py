@@ -3,11 +3,20 @@
 ``execute`` runs one attempt of a step body (inline or background) and turns
 what happened into an outcome: completed, retry (with its delay) or failed.
 ``handle_step_message`` is the handler of a background step's one message
-(seed 003 "One delivery of a step message"): it reads the log on any
-delivery but a plain first one, writes ``step_started`` out-of-band (a stale
-start, refused as ``StaleStepStart``, or a lease lost meanwhile, runs no body), runs the
-body, writes the outcome, wakes the orchestrator, and acknowledges, or asks
-for the same message again to retry in place.
+(seed 003 "One delivery of a step message"): it reads the run's log on every
+delivery, writes ``step_started`` out-of-band (a stale start, refused as
+``StaleStepStart``, or a lease lost meanwhile, runs no body), runs the body,
+writes the outcome, wakes the orchestrator, and acknowledges, or asks for the
+same message again to retry in place.
+
+The log is the only source of truth for a step (security review H2): the
+message names a run and a step (ids and the step's name); the handler runs only
+a step the log created under that id with that name, with the input, retries,
+workflow name and stamps the log holds. A message naming a step the log never
+created, under another name, or carrying an input other than the log's, runs
+nothing, writes nothing, and is acknowledged with a warning naming the run (a
+forged or stale message). So a plain first delivery reads the log too, unlike
+the seed's turbo path for steps: one read per step message is the price.
 """
 
 from __future__ import annotations
@@ -134,6 +143,10 @@ class _StepLog:
     retry_after: datetime | None = None
     last_type: str = ""
     last_activity: datetime | None = None
+    # The run, as its run_created has it.
+    run: events.RunCreated | None = None
+    # The step's creation: its step_created, or an inline step's first step_started.
+    creation: events.StepCreated | events.StepStarted | None = None
 
 
 async def _read_step_log(rt: Runtime, run_id: str, step_id: str) -> _StepLog:
@@ -145,9 +158,16 @@ async def _read_step_log(rt: Runtime, run_id: str, step_id: str) -> _StepLog:
             event = logged.event
             if event.type in events.RUN_TERMINAL_TYPES:
                 state.run_terminal = True
+            if isinstance(event, events.RunCreated) and state.run is None:
+                state.run = event
             if event.correlation_id != step_id:
                 continue
             state.last_activity = logged.created_at
+            if state.creation is None and (
+                isinstance(event, events.StepCreated)
+                or (isinstance(event, events.StepStarted) and event.inline)
+            ):
+                state.creation = event
             if isinstance(event, events.StepCreated) or (
                 isinstance(event, events.StepStarted) and event.input is not None
             ):
@@ -280,63 +300,112 @@ async def handle_step_message(
         return messages.ACK
 
 
+def _refusal(message: messages.StepMessage, state: _StepLog) -> str | None:
+    """Why the log contradicts the message (a forged or stale one), or None."""
+    creation = state.creation
+    if state.run is None:
+        return "the run's log has no run_created"
+    if creation is None:
+        return f"the run's log created no step {message.step_id}"
+    if creation.step_name != message.step_name:
+        return (
+            f"the run's log created step {message.step_id} as {creation.step_name!r}, "
+            f"not {message.step_name!r}"
+        )
+    if not message.input_in_log and message.input != creation.input:
+        return f"its input differs from the input the log holds for step {message.step_id}"
+    return None
+
+
+def _from_log(
+    message: messages.StepMessage, state: _StepLog, max_retries: int
+) -> messages.StepMessage:
+    """The message as the log has it: its stamps, workflow and input (never the sender's)."""
+    run = state.run
+    assert run is not None
+    return message.model_copy(
+        update={
+            "deployment_id": run.deployment_id,
+            "run_context": messages.RunContext(
+                spec_version=run.spec_version,
+                deployment_id=run.deployment_id,
+                workflow_name=run.workflow_name,
+            ),
+            "input": state.input,
+            "input_in_log": True,
+            "max_retries": max_retries,
+        }
+    )
+
+
 async def _handle_step_message(
     rt: Runtime, message: messages.StepMessage, meta: messages.DeliveryMeta
 ) -> messages.HandlerResult:
+    state = await _read_step_log(rt, message.run_id, message.step_id)
+    refusal = _refusal(message, state)
+    if refusal is not None:
+        log.warning(
+            "run %s: step message %s (step %s %r) refused as forged or stale: %s; "
+            "nothing run or written",
+            message.run_id,
+            meta.message_id,
+            message.step_id,
+            message.step_name,
+            refusal,
+        )
+        return messages.ACK
+    assert state.creation is not None
     fn = rt.steps.get(message.step_name)
-    max_retries = message.max_retries
+    max_retries = state.creation.max_retries
     if max_retries is None:
         max_retries = fn.max_retries if fn is not None else functions.DEFAULT_MAX_RETRIES
-    attempt = message.step_attempt
-    step_input = message.input
-    plain = meta.delivery_count == 1 and attempt == 1 and not message.step_resent
-    if not plain or message.input_in_log:
-        state = await _read_step_log(rt, message.run_id, message.step_id)
-        if state.run_terminal:
-            return messages.ACK  # the run ended: no body, no wake
-        if state.outcome:
-            await _wake(rt, message)  # its completion wake may have been lost
-            return messages.ACK
-        now = clock.utcnow()
-        if state.last_type == "step_retrying" and state.retry_after and state.retry_after > now:
-            return messages.Redeliver((state.retry_after - now).total_seconds())
-        attempt = state.starts + 1
-        step_input = state.input
-        if attempt > max_retries + 1:
-            await _write_outcome(
-                rt,
-                message,
-                attempt - 1,
-                Outcome(
-                    "failed",
-                    error=events.ErrorInfo(
-                        message=f"step {message.step_name} started {state.starts} time(s) and its "
-                        f"owner died; max_retries={max_retries} allows no further attempt",
-                        type="StepAttemptsExhausted",
-                    ),
+    message = _from_log(message, state, max_retries)
+    if state.run_terminal:
+        return messages.ACK  # the run ended: no body, no wake
+    if state.outcome:
+        await _wake(rt, message)  # its completion wake may have been lost
+        return messages.ACK
+    now = clock.utcnow()
+    if state.last_type == "step_retrying" and state.retry_after and state.retry_after > now:
+        return messages.Redeliver((state.retry_after - now).total_seconds())
+    attempt = state.starts + 1
+    step_input = state.input
+    if attempt > max_retries + 1:
+        await _write_outcome(
+            rt,
+            message,
+            attempt - 1,
+            Outcome(
+                "failed",
+                error=events.ErrorInfo(
+                    message=f"step {message.step_name} started {state.starts} time(s) and its "
+                    f"owner died; max_retries={max_retries} allows no further attempt",
+                    type="StepAttemptsExhausted",
                 ),
-            )
-            await _wake(rt, message)
-            return messages.ACK
-        idle = state.last_activity is None or now - state.last_activity >= NO_ACTIVITY_BEFORE_CAP
-        if meta.attempt > rt.settings.WORKFLOW_MAX_QUEUE_DELIVERIES and idle:
-            await _write_outcome(
-                rt,
-                message,
-                max(attempt - 1, 1),
-                Outcome(
-                    "failed",
-                    error=(
-                        events.ErrorInfo(
-                            message="the step's message exceeded its deliveries",
-                            type="FatalError",
-                            code="MAX_DELIVERIES_EXCEEDED",
-                        )
-                    ),
+            ),
+        )
+        await _wake(rt, message)
+        return messages.ACK
+    idle = state.last_activity is None or now - state.last_activity >= NO_ACTIVITY_BEFORE_CAP
+    # The queue's own count: deliveries only a message's headers vouch for fail nothing.
+    if meta.own_attempts > rt.settings.WORKFLOW_MAX_QUEUE_DELIVERIES and idle:
+        await _write_outcome(
+            rt,
+            message,
+            max(attempt - 1, 1),
+            Outcome(
+                "failed",
+                error=(
+                    events.ErrorInfo(
+                        message="the step's message exceeded its deliveries",
+                        type="FatalError",
+                        code="MAX_DELIVERIES_EXCEEDED",
+                    )
                 ),
-            )
-            await _wake(rt, message)
-            return messages.ACK
+            ),
+        )
+        await _wake(rt, message)
+        return messages.ACK
     started_at = clock.utcnow()
     start = events.StepStarted(
         correlation_id=message.step_id, step_name=message.step_name, attempt=attempt

@@ -100,7 +100,9 @@ class WaitArmer:
     async def complete_due_waits(self) -> None:
         """At the top of a pass: ``wait_completed`` for each due or woken wait, in-band."""
         state = self.session.state
-        woken = state.waits_woken() | set(self.message.complete_waits or ())
+        # Only the log's wake_requested events wake a wait early: a message's own
+        # ``complete_waits`` is never trusted (security review H2).
+        woken = state.waits_woken()
         due = decisions.due_waits(state, now_ms=now_ms(), woken=woken)
         if not due:
             return

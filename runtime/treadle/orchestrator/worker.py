@@ -85,10 +85,39 @@ class Worker:
         if message.is_intermediate_hop:
             return await self._hop(message)
         if message.deployment_id not in (None, self.rt.deployment_id):
-            return await pinning.reroute(self.rt, message, message.deployment_id)
+            return await self._misrouted(message, meta)
         if await self._nothing_new(message, meta):
             return messages.ACK
         return await OrchestratorDelivery(self.rt, message, meta).run()
+
+    async def _misrouted(
+        self, message: messages.OrchestratorMessage, meta: messages.DeliveryMeta
+    ) -> messages.HandlerResult:
+        """A message stamped with another deployment: the run's record, never the stamp,
+        says where the run is pinned (security review H2: a forged stamp naming a gone
+        deployment failed the run as pinned to it). One row read."""
+        try:
+            run = await self.rt.world.runs.get(message.run_id)
+        except errors.RunNotFound:
+            log.warning(
+                "run %s: message %s names no run; nothing run or written",
+                message.run_id,
+                meta.message_id,
+            )
+            return messages.ACK
+        if run.deployment_id == self.rt.deployment_id:
+            log.warning(
+                "run %s: message %s is stamped for deployment %s but the run is pinned "
+                "here; served here",
+                message.run_id,
+                meta.message_id,
+                message.deployment_id,
+            )
+            fixed = message.model_copy(update={"deployment_id": run.deployment_id})
+            if await self._nothing_new(fixed, meta):
+                return messages.ACK
+            return await OrchestratorDelivery(self.rt, fixed, meta).run()
+        return await pinning.reroute(self.rt, message, run.deployment_id)
 
     def _unknown_format(self, message: messages.StepMessage) -> messages.HandlerResult:
         """A step of a run whose format this worker does not know: no body, no write; the
@@ -111,6 +140,7 @@ class Worker:
         try:
             run = await self.rt.world.runs.get(message.run_id)
         except errors.RunNotFound:
+            log.warning("run %s: a timer hop names no run; nothing run or written", message.run_id)
             return messages.ACK
         if run.is_terminal:
             return messages.ACK  # the chain stops with the run

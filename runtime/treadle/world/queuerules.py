@@ -1,5 +1,9 @@
 """Queue rules that every World's queue applies the same way: pure, no I/O.
 
+- ``admit``: a delivery's stamp (message id, key, counts) held to its range
+  (``messages.DeliveryStamp``) before any handler or run lease sees it; out of
+  range is ``MessageRefused`` and the queue dead-letters the message; and
+  ``read_message``: the payload, or ``MessageRefused`` naming the first bad field.
 - ``encode_send``: a send's checks (a finite delay >= 0, a non-empty key, the
   size limit) and its payload text.
 - ``clamp_redeliver_delay``: a ``Redeliver`` delay, non-finite or over-long
@@ -23,6 +27,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol, TypeAlias
 
+import pydantic
+
 from treadle import clock, errors
 from treadle.world import constants, contract, messages
 
@@ -37,6 +43,77 @@ class Failed:
 
 
 Outcome: TypeAlias = messages.HandlerResult | Failed
+
+
+def _first_error(exc: pydantic.ValidationError) -> str:
+    first = exc.errors()[0]
+    where = ".".join(str(part) for part in first["loc"]) or "value"
+    return f"{where}: {first['msg']}"
+
+
+def read_message(payload: str | bytes) -> messages.OrchestratorMessage | messages.StepMessage:
+    """The treadle message a payload is; ``MessageRefused`` (one line, the first field out
+    of its range or shape) for anything else."""
+    try:
+        return messages.MESSAGE_ADAPTER.validate_json(payload)
+    except pydantic.ValidationError as exc:
+        raise errors.MessageRefused(f"not a treadle message ({_first_error(exc)})") from None
+
+
+def admit(
+    *,
+    message_id: str | None,
+    key: str | None,
+    delivery_count: int,
+    handoffs: int = 0,
+    carried: int = 0,
+    max_carried: int | None = None,
+    run_id: str | None = None,
+) -> messages.DeliveryStamp:
+    """A delivery's stamp, held to its range (every queue calls this before the handler,
+    and NATS before the run lease): an id of the wrong shape, a count below 1 or past
+    ``MAX_DELIVERY_COUNT``, handoffs past ``MAX_HANDOFFS`` or more than the deliveries
+    they followed, or more deliveries carried from earlier copies than ``max_carried``
+    (the queue's dead-letter bound: no copy is handed off past it), are
+    ``MessageRefused``. A forged header is refused, never acted on; one in range only
+    ever counts as ``carried``, on which no run is failed."""
+    if message_id is None:
+        raise errors.MessageRefused("it has no message id", run_id=run_id)
+    try:
+        stamp = messages.DeliveryStamp(
+            message_id=message_id,
+            key=key,
+            delivery_count=delivery_count,
+            handoffs=handoffs,
+            carried=carried,
+        )
+    except pydantic.ValidationError as exc:
+        raise errors.MessageRefused(
+            f"its delivery stamp is out of range ({_first_error(exc)})",
+            message_id=message_id[:80],
+            run_id=run_id,
+        ) from None
+    if handoffs >= delivery_count:
+        raise errors.MessageRefused(
+            f"its delivery stamp says {handoffs} handoff(s) after {delivery_count - 1} "
+            "earlier deliveries; each handoff follows a delivery",
+            message_id=message_id,
+            run_id=run_id,
+        )
+    if max_carried is not None and carried > max_carried:
+        raise errors.MessageRefused(
+            f"its delivery stamp carries {carried} deliveries of earlier copies, more than "
+            f"the {max_carried} after which a message is dead-lettered",
+            message_id=message_id,
+            run_id=run_id,
+        )
+    if carried >= delivery_count:
+        raise errors.MessageRefused(
+            f"its delivery stamp carries {carried} deliveries of {delivery_count}",
+            message_id=message_id,
+            run_id=run_id,
+        )
+    return stamp
 
 
 def encode_send(send: messages.Send) -> str:
@@ -121,11 +198,13 @@ async def deliver_with_reruns(
     lease_lost: asyncio.Event | None,
     settle: Settle,
     stopped: Callable[[], bool] = lambda: False,
+    carried: int = 0,
 ) -> None:
     """Run one delivery: call the handler, settle its answer (``settle(outcome, covered)``),
     and re-run it in the same delivery while the queue says messages were coalesced into
     it; past ``MAX_COALESCED_RERUNS`` re-runs, hand the message off. ``stopped()`` ends it
-    before a further call (a dead process)."""
+    before a further call (a dead process). ``carried``: of the attempts, those only the
+    message's own headers vouch for (``DeliveryMeta.carried``)."""
     started_ms = clock.now_ms()
     attempt = max(1, delivery_count - handoffs)
     rerun = covered = 0
@@ -138,6 +217,7 @@ async def deliver_with_reruns(
             key=key,
             rerun=rerun,
             lease_lost=lease_lost,
+            carried=min(carried, max(attempt - 1, 0)),
         )
         outcome = await call_handler(handler, message, meta)
         settled = await settle(outcome, covered)

@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import logging
 
-from treadle import clock
+from treadle import clock, errors
 from treadle.testing.memory import points as fault_points
 from treadle.testing.memory.queue import MIN_WAIT_SECONDS, Leased, MessageQueue, Settled
 from treadle.world import contract, messages, queuerules
@@ -139,7 +139,19 @@ class MemoryConsumer:
         self._wake.set()
 
     async def _deliver(self, leased: Leased) -> None:
-        message = messages.MESSAGE_ADAPTER.validate_json(leased.payload)
+        try:
+            message = queuerules.read_message(leased.payload)
+            queuerules.admit(
+                message_id=leased.message_id,
+                key=leased.key,
+                delivery_count=leased.delivery_count,
+                handoffs=leased.handoffs,
+                run_id=message.run_id,
+            )
+        except errors.MessageRefused as exc:
+            log.warning("%s; dead-lettered, nothing run", exc)
+            self._queue.refuse(leased, exc.reason)
+            return
         handler = self._handlers[message.kind]
         heartbeat = asyncio.get_running_loop().create_task(self._heartbeat(leased))
         self._heartbeats[heartbeat] = None

@@ -351,6 +351,12 @@ class MessageQueue:
                 self._ready(entry, now + tuning.backoff_seconds(failures), counted=True)
         return Settled("done")
 
+    def refuse(self, leased: Leased, error: str) -> None:
+        """A delivery refused at the boundary (``queuerules.admit``): a dead letter at once."""
+        entry = self._current(leased)
+        if entry is not None:
+            self._dead_letter(entry, error)
+
     def abandon(self, leased: Leased) -> None:
         """A delivery cut off by shutdown: due again at once, counted above 1."""
         entry = self._current(leased)

@@ -23,8 +23,7 @@ import functools
 import logging
 import time
 
-import pydantic
-
+from treadle import errors
 from treadle.world import contract, messages, queuerules
 from treadle.worlds.local import deadletters, queue
 
@@ -117,8 +116,15 @@ class LocalConsumer:
 
     async def _deliver(self, leased: queue.Leased) -> None:
         try:
-            message = messages.MESSAGE_ADAPTER.validate_json(leased.payload)
-        except pydantic.ValidationError as exc:
+            message = queuerules.read_message(leased.payload)
+            queuerules.admit(
+                message_id=leased.message_id,
+                key=leased.key,
+                delivery_count=leased.delivery_count,
+                handoffs=leased.handoffs,
+                run_id=message.run_id,
+            )
+        except errors.MessageRefused as exc:
             await self._unreadable(leased, exc)
             return
         handler = self._handlers.get(message.kind)
@@ -154,9 +160,10 @@ class LocalConsumer:
         finally:
             heartbeat.cancel()
 
-    async def _unreadable(self, leased: queue.Leased, exc: pydantic.ValidationError) -> None:
-        """A payload that is not a treadle message never will be: a dead letter at once."""
-        reason = f"not a treadle message: {exc.error_count()} error(s): {exc.errors()[0]['msg']}"
+    async def _unreadable(self, leased: queue.Leased, exc: errors.MessageRefused) -> None:
+        """A payload that is not a treadle message, or a row whose counts are out of range,
+        never will be one: a dead letter at once, nothing run."""
+        reason = exc.reason
         moved = await self._queue.db.call(
             functools.partial(
                 deadletters.move_unreadable,
@@ -167,7 +174,7 @@ class LocalConsumer:
             )
         )
         if moved:
-            log.error("message %s: %s; moved to the dead letters", leased.message_id, reason)
+            log.error("%s; moved to the dead letters, nothing run", exc)
 
     async def _settle(
         self, leased: queue.Leased, outcome: queue.Outcome, covered: int

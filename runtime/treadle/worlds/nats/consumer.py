@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any, Final
 import nats.errors
 from nats.aio.msg import Msg
 
+from treadle import errors
 from treadle.world import contract, messages, queuerules
 from treadle.worlds.nats import deadletters, delivery, leases, names
 from treadle.worlds.nats.delivery import Delivery
@@ -140,7 +141,12 @@ class NatsConsumer:
         if self._closing:
             return _quietly(msg.nak())  # taken as the consumer closed: straight back
         try:
-            d = delivery.read_delivery(msg, self._queue.names)
+            d = delivery.read_delivery(
+                msg, self._queue.names, max_carried=self._queue.tuning.max_failed_deliveries
+            )
+        except errors.MessageRefused as exc:
+            log.warning("%s; dead-lettered, nothing run", exc)
+            return self._bury_unreadable(msg, exc)
         except (ValueError, nats.errors.Error) as exc:
             return self._bury_unreadable(msg, exc)
         if d.sequence in self._acked:
@@ -259,6 +265,7 @@ class NatsConsumer:
             key=d.key,
             lease_lost=d.lease_lost,
             settle=settle,
+            carried=d.carried,
         )
 
     async def _settle(self, d: Delivery, outcome: queuerules.Outcome) -> None:

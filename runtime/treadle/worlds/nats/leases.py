@@ -23,12 +23,19 @@ revision, so concurrent workers agree on one outcome:
 
 A holder that died keeps the run until its lease expires; then the first
 message of the run to come (usually its own redelivery) takes over.
+
+An entry is trusted only in range (``Lease.in_range``, security review H2): an
+expiry no further ahead than a lease (with as much again for clock skew) and a
+coalesced count in range. Anything else
+(a hand-written ``{"holder": "msg_evil", "expires_at_ms": 99999999999999}``, say)
+is logged and treated as a free run: taken over, never coalesced into.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
 import secrets
 import time
@@ -39,6 +46,9 @@ import nats.js.errors
 from nats.js.kv import KeyValue
 
 from treadle import errors
+from treadle.world import messages
+
+log = logging.getLogger("treadle.worlds.nats")
 
 # JSStreamWrongLastSequenceErr and its constant form: a compare-and-set lost a race.
 _CAS_CONFLICT_CODES: Final = frozenset({10071, 10164})
@@ -65,6 +75,14 @@ class Lease:
                 "reserved": self.reserved,
             }
         ).encode()
+
+    def in_range(self, now_ms: int, lease_ms: int) -> bool:
+        """Could ``take``, ``renew`` or ``reserve`` have written this entry (``lease_ms``
+        ahead at most, the same again allowed for clock skew between workers)?"""
+        return (
+            self.expires_at_ms <= now_ms + 2 * lease_ms
+            and 0 <= self.coalesced <= messages.MAX_DELIVERY_COUNT
+        )
 
     @classmethod
     def decode(cls, data: bytes) -> Lease | None:
@@ -141,13 +159,21 @@ class RunLeases:
         self._folds: dict[str, list[asyncio.Future[bool]]] = {}
 
     async def _read(self, key: str) -> tuple[Lease | None, int]:
-        """The lease and the revision a compare-and-set must name (0: no entry)."""
+        """The lease and the revision a compare-and-set must name (0: no entry); an entry
+        out of range (``Lease.in_range``) reads as no lease, so it is taken over."""
         try:
             entry = await self._kv.get(key)
         except nats.js.errors.KeyNotFoundError as exc:
             marker = exc.entry  # a delete marker's revision, or None
             return None, int(marker.revision) if marker is not None else 0
         lease = Lease.decode(entry.value or b"")
+        if lease is not None and not lease.in_range(_now_ms(), self._lease_ms):
+            log.warning(
+                "run lease %s: entry %r is out of range (forged or corrupt); treated as free",
+                key,
+                (entry.value or b"")[:200],
+            )
+            lease = None
         return lease, int(entry.revision or 0)
 
     async def _write(self, key: str, lease: Lease, revision: int) -> bool:
