@@ -26,6 +26,7 @@ from treadle.worlds.production import PostgresNatsWorld
 
 from .conftest import POD_ENV
 from .harness import Kube, wait_for
+from .rest import ApiError
 
 WORKFLOWS = Path(__file__).with_name("k8s_workflows.py")
 API = "/apis/treadle.dev/v1alpha1"
@@ -57,7 +58,16 @@ def chart_identity(
     """
     from ..chart.render import render_chart
 
-    kube.rest.create("/api/v1/namespaces", {"metadata": {"name": release_ns}})
+    def create(path: str, body: dict[str, Any]) -> None:
+        # A session fixture imported by several test modules is one instance per module:
+        # the same chart objects are made again, identical; keep the first.
+        try:
+            kube.rest.create(path, body)
+        except ApiError as exc:
+            if exc.status != 409:
+                raise
+
+    create("/api/v1/namespaces", {"metadata": {"name": release_ns}})
     account = ""
     values = {"crds": {"install": False}, **(overrides or {})}
     rbac = "/apis/rbac.authorization.k8s.io/v1"
@@ -66,14 +76,14 @@ def chart_identity(
         kind = body["kind"]
         if kind == "ServiceAccount":
             account = body["metadata"]["name"]
-            kube.rest.create(f"/api/v1/namespaces/{release_ns}/serviceaccounts", body)
+            create(f"/api/v1/namespaces/{release_ns}/serviceaccounts", body)
         elif kind == "ClusterRole":
-            kube.rest.create("/apis/rbac.authorization.k8s.io/v1/clusterroles", body)
+            create("/apis/rbac.authorization.k8s.io/v1/clusterroles", body)
         elif kind == "ClusterRoleBinding":
-            kube.rest.create("/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", body)
+            create("/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", body)
         elif kind in ("Role", "RoleBinding"):
             plural = "roles" if kind == "Role" else "rolebindings"
-            kube.rest.create(f"{rbac}/namespaces/{body['metadata']['namespace']}/{plural}", body)
+            create(f"{rbac}/namespaces/{body['metadata']['namespace']}/{plural}", body)
     assert account, "the chart renders a ServiceAccount"
     issued = kube.rest.create(
         f"/api/v1/namespaces/{release_ns}/serviceaccounts/{account}/token",
