@@ -55,6 +55,11 @@ LOST_INLINE_OUTCOME = (
     "with a storage error, the delivery fails, and the redelivery fails the step as "
     "StepAttemptsExhausted though its body ran"
 )
+RESEND_SKIPPED = (
+    "a delivery's re-send fails and the message's next delivery, started in the same "
+    "millisecond in the same process, takes itself for its re-run and skips the re-send: "
+    "steps created but never sent never run"
+)
 STOPPED_WRITER = (
     "a sibling inline step's step_retrying commits and its write raises; the writer stops, "
     "a max_retries=0 body's later outcome is refused, and the redelivery fails it as "
@@ -134,6 +139,17 @@ PINNED: list[tuple[int, str, str]] = [
         2716,
         "duplicate=0.01,fail_after=0.02,feed_drop=0.005,kill=0.004,stall=0.003,budget=4",
         STOPPED_WRITER,
+    ),
+    (
+        1186,
+        "duplicate=0.02,feed_drop=0.01,queue_error=0.02,storage_error=0.005,budget=12",
+        RESEND_SKIPPED,
+    ),
+    (
+        2123,
+        "fail_after=0.02,feed_drop=0.01,fence=0.012,lost_wake=0.002,stall=0.0015,"
+        "storage_error=0.02,budget=8",
+        RESEND_SKIPPED,
     ),
 ]
 
