@@ -141,6 +141,12 @@ PINNED: list[tuple[int, str, str]] = [
         STOPPED_WRITER,
     ),
     (
+        477,
+        "fail_after=0.02,feed_drop=0.005,fence=0.006,kill=0.008,lost_wake=0.008,stall=0.003,"
+        "storage_error=0.02,budget=20",
+        RESEND_SKIPPED,
+    ),
+    (
         1186,
         "duplicate=0.02,feed_drop=0.01,queue_error=0.02,storage_error=0.005,budget=12",
         RESEND_SKIPPED,
