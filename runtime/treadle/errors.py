@@ -35,6 +35,7 @@ its message names them too::
         ├── StepNotFound              no step with that id in the run
         ├── HookNotFound              no live hook with that token
         ├── EarlierItemRefused        a batch item whose correlation id had an earlier refusal
+        ├── OutcomeLost               a batch item missing from the log its lost answer committed
         ├── MessageTooLarge           a queue message over the size limit
         ├── MessageRefused            a queue message whose stamp is out of range, or that the
         │                             run's log contradicts: acknowledged, nothing run or written
@@ -311,6 +312,21 @@ class StaleStepStart(WorldError):
         self.step_id = step_id
         self.attempt = attempt
         self.latest_attempt = latest_attempt
+
+
+class OutcomeLost(WorldError):
+    """An item of an in-band batch whose answer was lost (a storage error after the batch
+    committed) and that is not in the log: the World refused it, for a reason the lost
+    answer held. Nothing of it was written."""
+
+    def __init__(self, run_id: str, *, event_type: str, correlation_id: str | None) -> None:
+        super().__init__(
+            f"run {run_id}: {event_type} {correlation_id} is not in the log its batch "
+            "committed to; the World refused it and its answer was lost",
+            run_id=run_id,
+        )
+        self.event_type = event_type
+        self.correlation_id = correlation_id
 
 
 class WaitAlreadyCompleted(WorldError):

@@ -15,7 +15,12 @@ import pytest
 
 from treadle import Workflows, errors, settings
 from treadle.orchestrator.session import RunSession
-from treadle.orchestrator.writer import InBandWriter, Superseded, WriterStopped
+from treadle.orchestrator.writer import (
+    UNKNOWN_OUTCOME_TRIES,
+    InBandWriter,
+    Superseded,
+    WriterStopped,
+)
 from treadle.world import events, logcheck
 
 from .conftest import OpenWorld
@@ -86,19 +91,65 @@ async def test_a_storage_failure_stops_the_writer_but_is_not_a_supersession(
     faulty: FaultyWorld,
 ) -> None:
     """Audit FE8, EP5 and I3 / seed 003 "5xx/transport: writer stops, not superseded": a
-    write fails with StorageUnavailable (nothing committed); that write raises it, later
-    writes raise WriterStopped (never Superseded) and never reach the World."""
+    write keeps failing with StorageUnavailable (nothing committed), also when the writer
+    sends it again after reading the log (``UNKNOWN_OUTCOME_TRIES``); that write raises
+    it, later writes raise WriterStopped (never Superseded) and never reach the World."""
     run_id, snapshot = await _run(faulty)
     writer = InBandWriter(faulty, run_id, snapshot)
     await writer.create(_created("s1"))
-    faulty.events.fail_writes(1)
+    faulty.events.fail_writes(-1)
     with pytest.raises(errors.StorageUnavailable):
         await writer.create(_created("s2"))
     assert writer.stopped and writer.superseded is None
+    tried = [kw for t, kw in faulty.events.calls if t == "step_created"][1:]
+    assert len(tried) == 1 + UNKNOWN_OUTCOME_TRIES
+    assert {kw["expected"] for kw in tried} == {snapshot.seq_in_band + 1}, "the same count"
     reached = len(faulty.events.calls)
     with pytest.raises(WriterStopped):
         await writer.create(_created("s3"))
     assert len(faulty.events.calls) == reached
+    assert await _sound(faulty, run_id) == ["run_created", "step_created"]
+
+
+async def test_a_write_whose_outcome_is_unknown_is_found_committed_or_written_again(
+    faulty: FaultyWorld,
+) -> None:
+    """Simulation seeds 895 and 2716: a write raises StorageUnavailable once with nothing
+    committed, and a write and a batch raise after they committed. The writer reads the
+    log above each: the first is not there and is written again at the same count; the
+    others are there and are answered from the log, not written twice. None stops the
+    writer, and its count follows the log."""
+    run_id, snapshot = await _run(faulty)
+    writer = InBandWriter(faulty, run_id, snapshot)
+    faulty.events.fail_writes(1)
+    lost = await writer.create(_created("s1"))
+    faulty.events.fail_after_writes(2)
+    found = await writer.create(_created("s2"))
+    batch = await writer.create_batch([_created("b1"), _created("b2")])
+    assert not writer.stopped
+    assert (lost.event.slot, found.event.slot) == (2, 3)
+    assert [item.event.slot for item in batch.items if item.event is not None] == [4, 5]
+    assert batch.allocated == 2 and writer.expected == snapshot.seq_in_band + 4
+    assert [t for t, _ in faulty.events.calls] == ["step_created"] * 4, "s1 twice, s2 once"
+    await writer.create(_created("s3"))
+    assert await _sound(faulty, run_id) == ["run_created"] + ["step_created"] * 5
+
+
+async def test_an_unknown_outcome_with_another_writers_event_above_it_is_a_supersession(
+    faulty: FaultyWorld,
+) -> None:
+    """A write raises StorageUnavailable with nothing committed, and another writer from
+    the same snapshot wrote in-band first: reading the log finds that writer's event,
+    not its own, so the writer stops as superseded without sending the write again."""
+    run_id, snapshot = await _run(faulty)
+    slow = InBandWriter(faulty, run_id, snapshot)
+    fast = InBandWriter(faulty, run_id, snapshot)
+    faulty.events.fail_writes(1, when=lambda e: e.correlation_id == "loser")
+    await fast.create(_created("winner"))
+    with pytest.raises(Superseded):
+        await slow.create(_created("loser"))
+    assert slow.superseded is not None
+    assert len([c for c in faulty.events.calls if c[0] == "step_created"]) == 2
     assert await _sound(faulty, run_id) == ["run_created", "step_created"]
 
 

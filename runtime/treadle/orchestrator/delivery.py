@@ -38,12 +38,6 @@ from treadle.world import constants, events, messages
 
 log = logging.getLogger("treadle.orchestrator.delivery")
 
-# In-place reloads one delivery does after creation batches with unknown outcomes; past
-# them the error fails the delivery and the queue redelivers it.
-_MAX_RELOADS = 3
-# Tries of each such reload's full load on a storage error.
-_LOAD_ATTEMPTS = 3
-
 
 def _retrieve(done: asyncio.Future[Any]) -> None:
     """A write in flight that nobody awaits: its failure stops the writer, which every
@@ -72,7 +66,6 @@ class OrchestratorDelivery:
         )
         self._divergences = 0
         self._hook_conflicts = hookwrites.ConflictContinuations(self.run_id)
-        self._reloads = 0  # in-place reloads after an unknown outcome (``_MAX_RELOADS``)
         # Turbo (the start message's first delivery): run_started goes out without waiting;
         # every later write queues on the writer behind it.
         self._turbo = False
@@ -488,8 +481,7 @@ class OrchestratorDelivery:
         self.inline.creations_written.clear()  # outcomes queue behind the last batch
         try:
             for chunk in decisions.creation_batches(batch):
-                if not await self._write_creations(chunk, starts):
-                    break  # reloaded after an unknown outcome: the next pass decides afresh
+                await self._write_creations(chunk, starts)
         finally:
             self.inline.creations_written.set()
         return None
@@ -506,26 +498,16 @@ class OrchestratorDelivery:
 
     async def _write_creations(
         self, batch: list[events.Event], starts: dict[str, operations.StepCall]
-    ) -> bool:
+    ) -> None:
         """Write one creation batch; start its inline bodies at once, then send its steps.
 
         The bodies start before the sends and before any later batch, so neither a failed
         send nor a later batch's refusal leaves a committed inline start unrun (bug 3).
-        False when the write's outcome was unknown and the delivery reloaded in place
-        (``_reload_after_unknown_outcome``): the batch's later chunks are not written.
+        A write with an unknown outcome is settled by the writer in place (found
+        committed, or written again), so the bodies of a batch that committed start here
+        too (seeds 216, 232).
         """
-        assert self.session.writer is not None
-        against = self.session.writer.known  # the slot the write is made against
-        try:
-            committed, refused = await self.session.write_batch(batch)
-        except Exception as exc:
-            found = await self._reload_after_unknown_outcome(exc, batch, against)
-            if found is None:
-                raise
-            committed, refused = found, []
-            reloaded = True
-        else:
-            reloaded = False
+        committed, refused = await self.session.write_batch(batch)
         sends = []
         for logged in committed:
             event = logged.event
@@ -546,69 +528,17 @@ class OrchestratorDelivery:
         if refused:
             log.warning("run %s: %d creations refused: %s", self.run_id, len(refused), refused[0])
             raise refused[0]
-        return not reloaded
-
-    async def _reload_after_unknown_outcome(
-        self, exc: Exception, batch: list[events.Event], against: int
-    ) -> list[events.LoggedEvent] | None:
-        """After a creation batch's unknown outcome: a fresh load, in place; the batch's
-        events it finds committed, or None to let the error fail the delivery.
-
-        A transport or storage error from the write may have come after the batch
-        committed (seed 003 "Unknown outcome"): the writer stops for good, and the seed
-        retries the delivery from a fresh load. A redelivery cannot start the bodies of
-        the inline starts that batch committed: it finds a ``max_retries=0`` step started
-        once with no outcome and fails it as exhausted, its body never run (simulation
-        seeds 216, 232: "a step is never failed as exhausted unless its body ran"). So
-        the delivery, while it still holds its lease, does the fresh load itself (each
-        load tried ``_LOAD_ATTEMPTS`` times): a new writer from the load's snapshot and
-        a fresh replay, what the redelivery would hold, so no decision made against the
-        old state is written. The batch's events found committed above the slot the
-        write was made against (``against``; the live feed may have brought them
-        already) are its own (it held the fence count, so no other in-band writer wrote
-        there): the caller starts their inline bodies and sends their step messages as
-        if the write had answered, and the next pass decides from the fresh log. A batch
-        with no inline start, a fence refusal, a lost lease, a business refusal, too
-        many reloads, or a failed load leave the original error to fail the delivery, as
-        the seed has it (its bodies settle first; the redelivery reloads and re-sends).
-        """
-        writer = self.session.writer
-        if (
-            writer is None
-            or writer.failure is not exc
-            or not any(isinstance(e, events.StepStarted) and e.inline for e in batch)
-            or self.meta.lost_lease()
-            or self._reloads >= _MAX_RELOADS
-        ):
-            return None
-        self._reloads += 1
-        log.warning(
-            "run %s: a creation batch's write had an unknown outcome (%s); reloading in place",
-            self.run_id,
-            exc,
-        )
-        for tries in range(1, _LOAD_ATTEMPTS + 1):
-            try:
-                await self.session.load()
-                break
-            except errors.StorageUnavailable:
-                if tries == _LOAD_ATTEMPTS or self.meta.lost_lease():
-                    log.exception("run %s: the reload after an unknown outcome failed", self.run_id)
-                    return None
-        self.session.start_replay(self.rt.workflows[self.session.state.workflow_name])
-        wanted = {(e.type, e.correlation_id) for e in batch}
-        return [
-            logged
-            for logged in self.session.loaded
-            if logged.slot > against
-            and logged.in_band
-            and (logged.event.type, logged.event.correlation_id) in wanted
-        ]
 
     async def _resend_steps(self) -> None:
-        """The re-send rule, once per invocation: steps whose first send may be lost."""
-        # One pass per delivery, not per coalesced re-run. The delivery's own count is in
-        # the key: two deliveries may start in the same millisecond (seed 1186).
+        """The re-send rule, once per invocation: steps whose first send may be lost.
+
+        An invocation is one queue delivery and its coalesced re-runs (which count
+        ``delivery_count`` up by ``rerun``). Two deliveries of one message can start in
+        the same millisecond (a lapsed lease's copy, redelivered at once): keyed by
+        their start time alone, the second skipped its re-send after the first one's
+        had failed, and steps created but never sent were left unrun (seeds 44, 1186).
+        The key is marked only once the sends succeeded, so a failed pass is retried.
+        """
         meta = self.meta
         invocation = (
             f"{meta.message_id}/{meta.delivery_count - meta.rerun}/{meta.invocation_started_at}"

@@ -82,7 +82,16 @@ class RunSession:
         self.loaded = [created]
         self.state.apply(created)
         snapshot = events.Snapshot(seq=1, seq_in_band=constants.IN_BAND_SEQ_AT_RUN_CREATION)
-        self.writer = InBandWriter(self.rt.world, self.run_id, snapshot, self.lease_lost)
+        self.writer = self._writer(snapshot)
+
+    def _writer(self, snapshot: events.Snapshot) -> InBandWriter:
+        return InBandWriter(
+            self.rt.world,
+            self.run_id,
+            snapshot,
+            self.lease_lost,
+            read_timeout_ms=self.rt.settings.WORKFLOW_ORCHESTRATOR_READ_TIMEOUT_MS,
+        )
 
     async def load(self, *, keep_writer: bool = False) -> None:
         """A full load; the writer adopts the first page's snapshot (never a count)."""
@@ -103,7 +112,7 @@ class RunSession:
         for event in loaded:
             self.state.apply(event)
         if not keep_writer or self.writer is None:
-            self.writer = InBandWriter(self.rt.world, self.run_id, snapshot, self.lease_lost)
+            self.writer = self._writer(snapshot)
 
     def start_replay(self, workflow: functions.WorkflowFunction[Any, Any]) -> engine.Replay:
         if self.replay is not None:

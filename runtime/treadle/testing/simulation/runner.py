@@ -198,13 +198,16 @@ def simulate(seed: int, config: Config | None = None) -> Report:
     sim = Simulation(seed, config, plan)
     t0 = time.monotonic()
     try:
-        outcomes = loop.run(
-            lambda: _main(sim, report),
-            rng=random.Random(f"{seed}/schedule"),
-            interleave=config.interleave,
-            on_task=task_recorder(sim.processes),
-            watchdog_seconds=config.watchdog_seconds,
-        )
+        # A held loop abandons ``_main`` inside its ``clock.use``: this block puts the
+        # caller's clock back, or every later test in the process read a dead virtual one.
+        with clock.use(clock.current()):
+            outcomes = loop.run(
+                lambda: _main(sim, report),
+                rng=random.Random(f"{seed}/schedule"),
+                interleave=config.interleave,
+                on_task=task_recorder(sim.processes),
+                watchdog_seconds=config.watchdog_seconds,
+            )
     except loop.LoopHeld as held:
         report.violations.append(invariants.Violation("loop_held", None, str(held)))
         outcomes = []
