@@ -34,6 +34,8 @@ T = TypeVar("T")
 
 # 2026-01-01T00:00:00Z: every simulated wall clock starts here.
 EPOCH = 1_767_225_600.0
+# ``SimClock.monotonic()`` is this plus the loop's virtual time.
+MONOTONIC_ORIGIN = 1000.0
 
 _abandoned: list[asyncio.Task[Any]] = []
 
@@ -177,7 +179,7 @@ class SimClock:
         return self.epoch + self.loop.time()
 
     def monotonic(self) -> float:
-        return 1000.0 + self.loop.time()
+        return MONOTONIC_ORIGIN + self.loop.time()
 
     def random_bytes(self, n: int) -> bytes:
         return self.rng.randbytes(n)

@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from treadle import FatalError, Hook, RetryableError, StepFailed, Workflows, sleep, step_metadata
+from treadle.testing.memory.consumer import current_delivery
+from treadle.testing.simulation.loop import MONOTONIC_ORIGIN
 
 Op = dict[str, Any]
 
@@ -53,6 +55,17 @@ class BodyRun:
     started: float
     ended: float | None = None
     how: str = "running"  # returned | raised | cancelled | running
+    # The delivery running it ("orchestrator": inline, "step": its own message), the
+    # virtual time its lease lapsed if it did (filled in late, from the live event), and
+    # whether that delivery had already been told so when this body started (F3).
+    kind: str | None = None
+    lease: Any = None
+    told_before_start: bool = False
+
+    def lease_lost_at(self) -> float | None:
+        """Virtual time this body's delivery was told its lease lapsed, if it was."""
+        at = getattr(self.lease, "at", None)
+        return None if at is None else at - MONOTONIC_ORIGIN
 
 
 @dataclass
@@ -278,6 +291,10 @@ def build(app: Workflows, ledger: Ledger, clock_now: Any) -> None:
         entry = BodyRun(
             md.run_id, md.step_id, op["id"], md.attempt, current_process.get(), clock_now()
         )
+        leased = current_delivery.get()
+        if leased is not None:
+            entry.kind, entry.lease = leased.kind, leased.lost
+            entry.told_before_start = leased.lost.known_before(entry.started + MONOTONIC_ORIGIN)
         ledger.bodies.append(entry)
         try:
             if op["dur"]:
