@@ -18,7 +18,9 @@ Kinds (the seeds' edge cases, DESIGN.md section 10):
 - ``feed_drop``: the run's live subscriptions fail;
 - ``pause``: not at a call: now and then (``rate`` per virtual second) a live
   process, one holding a run's delivery if any, stalls as ``stall`` does, whatever
-  it is doing (lingering on a hook or sleep, running an inline body).
+  it is doing (lingering on a hook or sleep, running an inline body);
+- ``crash``: not at a call either: a live process dies at an arbitrary instant
+  (whatever await point its deliveries and bodies are at).
 
 ``FaultPlan.parse("kill=0.01,stall=0.004")`` and ``str(plan)`` round-trip, so a
 shrunk plan goes into the one-line replay command. Used by the runner and
@@ -43,10 +45,11 @@ KINDS = (
     "lapse",
     "feed_drop",
     "pause",
+    "crash",
 )
 
 # Kinds added after seeds were pinned (drawn from their own stream, ``FaultPlan.draw``).
-LATER_KINDS = ("lapse", "pause")
+LATER_KINDS = ("lapse", "pause", "crash")
 
 STORAGE_POINTS = frozenset(
     {"runs.get", "runs.list", "events.list", "steps.list", "steps.get", "hooks.get_by_token"}
@@ -75,6 +78,7 @@ DEFAULT_RATES = {
     "lapse": 0.006,
     "feed_drop": 0.005,
     "pause": 0.004,
+    "crash": 0.002,
 }
 
 
@@ -187,7 +191,7 @@ class Injector:
         if self.left <= 0 or now >= self.plan.quiet_after:
             return None
         for kind in applicable(point):
-            if kind == "pause":
+            if kind in ("pause", "crash"):
                 continue
             rate = self.plan.rates.get(kind, 0.0)
             rng = self.later if kind in LATER_KINDS else self.rng

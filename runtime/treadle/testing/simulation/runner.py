@@ -144,14 +144,20 @@ class Simulation:
             await asyncio.sleep(0.25)
             waited += 0.25
 
-    async def pauses(self) -> None:
-        """Pause a live process now and then, whatever it is doing (the ``pause`` fault):
-        every World call it makes blocks past its leases, so a delivery lingering on a
-        hook, a sleep or an inline body is redelivered elsewhere, then resumes stale."""
-        rate = self.injector.plan.rates.get("pause", 0.0)
+    async def at_any_instant(self, kind: str) -> None:
+        """Faults not tied to a World call, now and then (``rate`` per virtual second),
+        to a live process (one holding a run's delivery if any), whatever it is doing:
+
+        - ``pause``: every World call it makes blocks past its leases, so a delivery
+          lingering on a hook, a sleep or an inline body is redelivered elsewhere, then
+          resumes stale;
+        - ``crash``: it dies at once, at whatever await point its tasks are (a body's
+          sleep, a linger, a read): its state is gone, its leases lapse.
+        """
+        rate = self.injector.plan.rates.get(kind, 0.0)
         if not rate:
             return
-        rng = random.Random(f"{self.seed}/pause")
+        rng = random.Random(f"{self.seed}/{kind}")
         while True:
             await asyncio.sleep(rng.expovariate(rate))
             now = self.now()
@@ -162,8 +168,12 @@ class Simulation:
                 return
             if chosen:
                 proc = rng.choice(chosen)
-                if self.injector.take("pause", "process", None, proc.name, now):
+                if not self.injector.take(kind, "process", None, proc.name, now):
+                    continue
+                if kind == "pause":
                     proc.stall(now, self.stall_seconds())
+                else:
+                    self.on_kill(proc)
 
     def _spawn_later(self, delay: float) -> None:
         async def spawn() -> None:
@@ -196,7 +206,7 @@ class Simulation:
         if actor.kind == "resume" and actor.n > 0:
             # The payload for a token's next hook goes out after the previous one landed.
             await self._resumed(run.run_id, actor.token, actor.n - 1).wait()
-        for _ in range(200):
+        while True:  # until the run ends (the simulation's horizon bounds it)
             if run.run_id in self.ended:
                 return
             try:
@@ -276,7 +286,8 @@ async def _main(sim: Simulation, report: Report) -> list[invariants.RunOutcome]:
         sim.app = app
         for _ in range(sim.config.processes):
             await sim.spawn()
-        sim._keep(sim.pauses())
+        sim._keep(sim.at_any_instant("pause"))
+        sim._keep(sim.at_any_instant("crash"))
         runs = []
         for program in report.programs:
             run = await app.start("sim_program", program.ops)

@@ -8,6 +8,7 @@ list of operations the one registered workflow ``sim_program`` interprets::
     {"k": "sleep", "s": 2.0}                       # short or several timer hops
     {"k": "hook", "token": "t1", "n": 0}           # wait for the payload sent to a token
     {"k": "race", "step": <step>, "sleep": 9000}   # a step against a sleep (result ignored)
+    {"k": "race", "step": <step>, "sleep": 9000, "token": "t3"}  # ... against a hook
     {"k": "race_hook", "token": "t2", "n": 0, "sleep": 3.0}
 
 A step body sleeps ``dur`` virtual seconds and fails its first ``fail``
@@ -162,9 +163,14 @@ def generate(rng: random.Random, shape: Shape | None = None, *, prefix: str = ""
                 }
             )
         elif roll < 0.80:
-            ops.append(
-                {"k": "race", "step": _step(rng, sid()), "sleep": rng.choice([0.01, 9000.0])}
-            )
+            race: Op = {"k": "race", "step": _step(rng, sid()), "sleep": rng.choice([0.01, 9000.0])}
+            if shape.hooks and race["sleep"] > 1000 and rng.random() < 0.5:
+                # The step races a hook instead: its payload comes before, during or after.
+                tokens += 1
+                race["token"] = f"{prefix}t{tokens}"
+                at = rng.choice([0.0, 1.0, 5.0, 40.0])
+                actors.append(Actor(at=at, kind="resume", token=race["token"], n=0))
+            ops.append(race)
         elif shape.hooks:
             tokens += 1
             token = f"{prefix}t{tokens}"
@@ -339,9 +345,10 @@ def build(app: Workflows, ledger: Ledger, clock_now: Any) -> None:
                 got = await Payload.wait(token=op["token"])
                 out.append(None if got is None else got.v)
             elif k == "race":
+                other = sleep(op["sleep"]) if "token" not in op else Payload.wait(token=op["token"])
                 racers = [
                     asyncio.ensure_future(call(op["step"], True)),
-                    asyncio.ensure_future(sleep(op["sleep"])),
+                    asyncio.ensure_future(other),
                 ]
                 await asyncio.wait(racers, return_when=asyncio.FIRST_COMPLETED)
                 out.append(None)
