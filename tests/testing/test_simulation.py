@@ -104,6 +104,60 @@ PINNED: list[tuple[int, str, str]] = [
         "fail_after=0.005,fence=0.012,queue_error=0.005,stall=0.006,storage_error=0.02,budget=12",
         STALE_START,
     ),
+    # Found by reverting each fix alone on a scratch tree and soaking seeds 0-199 with the
+    # lapse, pause and crash faults (found_seeds.md, revert table): each fails with its fix
+    # reverted, under its plan, and must pass with it.
+    (1, "crash=0.004,feed_drop=0.01,fence=0.003,pause=0.008,budget=4", "bug 1: overlap"),
+    (
+        20,
+        "feed_drop=0.0025,lapse=0.006,pause=0.002,queue_error=0.02,stall=0.003,"
+        "storage_error=0.005,budget=8",
+        "bug 3: exhausted_unrun",
+    ),
+    (
+        30,
+        "duplicate=0.005,fence=0.012,kill=0.008,lapse=0.006,lost_wake=0.002,stall=0.0015,budget=12",
+        "bug 4: loop_held",
+    ),
+    (
+        9,
+        "duplicate=0.02,fail_after=0.01,fence=0.012,kill=0.002,stall=0.006,storage_error=0.01,"
+        "budget=4",
+        "bug 6: HookConflictError with the run's own received hook",
+    ),
+    (
+        7,
+        "duplicate=0.01,fail_after=0.02,feed_drop=0.005,lapse=0.006,budget=20",
+        "F2: a second outcome",
+    ),
+    (
+        160,
+        "crash=0.002,feed_drop=0.01,lapse=0.012,stall=0.0015,storage_error=0.005,budget=8",
+        "F3: stale_body (an inline start committed as its lease lapsed)",
+    ),
+    (
+        0,
+        "crash=0.001,fail_after=0.02,lapse=0.006,lost_wake=0.004,queue_error=0.02,stall=0.0015,"
+        "budget=4",
+        "F3 (writer): lease_ignored",
+    ),
+    (
+        67,
+        "crash=0.004,duplicate=0.005,fail_after=0.01,kill=0.002,lost_wake=0.004,pause=0.002,"
+        "queue_error=0.02,stall=0.0015,storage_error=0.01,budget=8",
+        "bug 2: cancelled_body",
+    ),
+    (
+        122,
+        "fail_after=0.02,feed_drop=0.0025,fence=0.012,kill=0.004,queue_error=0.005,stall=0.003,"
+        "storage_error=0.02,budget=20",
+        "StaleStepStart: attempt 2 after 3",
+    ),
+    (
+        165,
+        "fail_after=0.02,queue_error=0.01,stall=0.003,budget=4",
+        "unknown outcomes: exhausted_unrun",
+    ),
 ]
 
 
