@@ -351,3 +351,28 @@ def _seed_with(config: Config, want: Any) -> int:
         if want(report):
             return seed
     raise AssertionError("no seed fits")
+
+
+def test_planted_f3_revert_is_reported_as_stale_body(monkeypatch: pytest.MonkeyPatch) -> None:
+    """F3 reverted (a delivery never hears its lease lapsed) is caught in this process: the
+    timeline the CLI prints for seed 160 replays here (no hash seed is fixed) and a
+    retryable body starts in a delivery already told its lease lapsed."""
+    from treadle.world import messages
+
+    seed, plan = next((s, p) for s, p, bug in PINNED if bug.startswith("F3: stale_body"))
+    config = Config(plan=FaultPlan.parse(plan))
+    assert simulate(seed, config).ok
+    monkeypatch.setattr(messages.DeliveryMeta, "lost_lease", lambda self: False)
+    report = simulate(seed, config)
+    assert "stale_body" in {v.kind for v in report.violations}, report.violations
+
+
+def test_pause_and_crash_strike_between_world_calls() -> None:
+    """The ``pause`` and ``crash`` faults fire at instants of their own, not at a World call,
+    and each is counted against the plan's budget."""
+    config = Config(plan=FaultPlan.parse("pause=0.02,crash=0.01,budget=6"))
+    report = simulate(3, config)
+    points = {line.split()[3] for line in report.trace if line.startswith("fault ")}
+    assert points == {"process"}
+    assert report.faults["pause"] >= 1 and report.faults["crash"] >= 1
+    assert sum(report.faults.values()) <= 6
