@@ -18,8 +18,9 @@ and returns ``Violation`` objects, each naming its kind:
   its lease lapsed (F3: such a delivery starts no body);
 - ``lease_ignored``: an orchestrator delivery wrote after it was told its lease
   lapsed (F3: no write; recorded by ``processes.ProcessInterceptor``);
-- ``exhausted_unrun``: a step failed as exhausted while an attempt still ran or
-  before any ran;
+- ``exhausted_unrun``: a step failed as exhausted before any attempt's body ran
+  (unless a process died meanwhile), or while one still ran (unless an owner died or
+  went stale);
 - ``cancelled_body``: a step body cancelled although its process did not die;
 - ``deliveries`` / ``handoffs``: more than the bound for the run's size.
 
@@ -76,6 +77,9 @@ class RunOutcome:
     # Per process: when it died (None: it did not) and its stalls (start, end).
     killed_at: dict[str, float | None] = field(default_factory=dict)
     stalls: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
+    # A process died while the run was active (a stale owner alone never excuses an
+    # exhausted step whose body never ran: such an owner still runs a max_retries=0 body).
+    owner_died: bool = False
     # World calls of this run's deliveries made after they were told their lease lapsed.
     ignored_leases: list[str] = field(default_factory=list)
 
@@ -284,8 +288,8 @@ def _check_bodies(o: RunOutcome, race_ids: set[str]) -> list[Violation]:
             continue
         runs = by_step.get(e.correlation_id or "", [])
         t = _vt(e)
-        if o.tainted:
-            continue  # an owner died or went stale: exhausting an unrun start is the rule
+        if o.owner_died:
+            continue  # an owner died: exhausting the start it never ran is the rule
         if not runs:
             out.append(
                 Violation(
@@ -295,7 +299,9 @@ def _check_bodies(o: RunOutcome, race_ids: set[str]) -> list[Violation]:
                     "but its body never ran",
                 )
             )
-        else:
+        elif not o.tainted:
+            # A stale owner's body may still run when its successor fails the step (a
+            # max_retries=0 start is failed at once, whatever ran it: ``InlineSteps.rerun``).
             for b in runs:
                 if b.started <= t and (b.ended is None or b.ended > t):
                     out.append(

@@ -334,4 +334,7 @@ async def _collect(
         killed_at={p.name: p.killed_at for p in sim.processes.values()},
         stalls={p.name: list(p.stalls) for p in sim.processes.values()},
         ignored_leases=[str(i) for i in sim.ignored_leases if i.run_id == run_id],
+        owner_died=any(
+            p.killed_at is not None and start <= p.killed_at <= end for p in sim.processes.values()
+        ),
     )
