@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
 import subprocess
 import sys
@@ -67,7 +68,7 @@ STOPPED_WRITER = (
 )
 
 # Seeds found by soaks under their own fault plans, fixed since; each replays under its
-# plan (in the CLI's fresh interpreter, fixed hash seed) and must hold every invariant.
+# plan (in the CLI's fresh interpreter) and must hold every invariant.
 OWN_HOOK_CONFLICT = (
     "expectation: a wake_up ends a race_hook's sleep, its hook stays open, and the next"
     " hook on that token conflicts with the run's own hook (seed 003 Hook conflicts)"
@@ -176,23 +177,79 @@ PINNED: list[tuple[int, str, str]] = [
         "budget=4",
         LATE_HOOK_ACTOR,
     ),
+    # Found by reverting each fix alone on a scratch tree and soaking seeds 0-199 with the
+    # lapse, pause and crash faults (found_seeds.md, revert table): each fails with its fix
+    # reverted, under its plan, and must pass with it.
+    (1, "crash=0.004,feed_drop=0.01,fence=0.003,pause=0.008,budget=4", "bug 1: overlap"),
+    (
+        20,
+        "feed_drop=0.0025,lapse=0.006,pause=0.002,queue_error=0.02,stall=0.003,"
+        "storage_error=0.005,budget=8",
+        "bug 3: exhausted_unrun",
+    ),
+    (
+        30,
+        "duplicate=0.005,fence=0.012,kill=0.008,lapse=0.006,lost_wake=0.002,stall=0.0015,budget=12",
+        "bug 4: loop_held",
+    ),
+    (
+        9,
+        "duplicate=0.02,fail_after=0.01,fence=0.012,kill=0.002,stall=0.006,storage_error=0.01,"
+        "budget=4",
+        "bug 6: HookConflictError with the run's own received hook",
+    ),
+    (
+        7,
+        "duplicate=0.01,fail_after=0.02,feed_drop=0.005,lapse=0.006,budget=20",
+        "F2: a second outcome",
+    ),
+    (
+        160,
+        "crash=0.002,feed_drop=0.01,lapse=0.012,stall=0.0015,storage_error=0.005,budget=8",
+        "F3: stale_body (an inline start committed as its lease lapsed)",
+    ),
+    (
+        0,
+        "crash=0.001,fail_after=0.02,lapse=0.006,lost_wake=0.004,queue_error=0.02,stall=0.0015,"
+        "budget=4",
+        "F3 (writer): lease_ignored",
+    ),
+    (
+        67,
+        "crash=0.004,duplicate=0.005,fail_after=0.01,kill=0.002,lost_wake=0.004,pause=0.002,"
+        "queue_error=0.02,stall=0.0015,storage_error=0.01,budget=8",
+        "bug 2: cancelled_body",
+    ),
+    (
+        122,
+        "fail_after=0.02,feed_drop=0.0025,fence=0.012,kill=0.004,queue_error=0.005,stall=0.003,"
+        "storage_error=0.02,budget=20",
+        "StaleStepStart: attempt 2 after 3",
+    ),
+    (
+        165,
+        "fail_after=0.02,queue_error=0.01,stall=0.003,budget=4",
+        "unknown outcomes: exhausted_unrun",
+    ),
 ]
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    """The simulation's CLI in a fresh interpreter (it fixes PYTHONHASHSEED itself)."""
+def _cli(*args: str, hash_seed: str | None = None) -> subprocess.CompletedProcess[str]:
+    """The simulation's CLI in a fresh interpreter (under ``hash_seed`` if given)."""
+    env = None if hash_seed is None else {**os.environ, "PYTHONHASHSEED": hash_seed}
     return subprocess.run(
         [sys.executable, "-m", "treadle.testing.simulation", *args],
         capture_output=True,
         text=True,
         timeout=600,
         check=False,
+        env=env,
     )
 
 
 @pytest.fixture(scope="module")
 def ci_results() -> dict[int, dict[str, Any]]:
-    """Every CI seed, simulated once in one subprocess under the fixed hash seed."""
+    """Every CI seed, simulated once in one subprocess."""
     done = _cli("--seeds", str(len(CI_SEEDS)), "--start", str(CI_SEEDS[0]), "--json")
     lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     assert len(lines) == len(CI_SEEDS), done.stderr[-2000:]
@@ -230,14 +287,16 @@ def test_pinned_seed_holds_every_invariant_under_its_plan(seed: int, plan: str) 
 
 
 def test_a_seed_replays_exactly_in_another_process() -> None:
-    """Determinism across processes: the verbose replay of a faulty seed is byte-identical."""
+    """Determinism across processes and hash seeds: the verbose replay of a faulty seed is
+    byte-identical under two PYTHONHASHSEED values (the engine never iterates a set of
+    strings in hash order; pytest's own process replays what the CLI prints)."""
     args = (
         "--seed",
         "7",
         "--plan",
-        "storage_error=0.02,kill=0.01,stall=0.01,duplicate=0.02,budget=8",
+        "storage_error=0.02,kill=0.01,stall=0.01,duplicate=0.02,pause=0.01,lapse=0.01,budget=8",
     )
-    first, second = _cli(*args), _cli(*args)
+    first, second = _cli(*args, hash_seed="1"), _cli(*args, hash_seed="4242")
     assert "fault " in first.stdout and "body " in first.stdout
     # The header line carries the real seconds taken; everything after it is the replay.
     assert first.stdout.split("\n", 1)[1] == second.stdout.split("\n", 1)[1]
@@ -368,3 +427,28 @@ def _seed_with(config: Config, want: Any) -> int:
         if want(report):
             return seed
     raise AssertionError("no seed fits")
+
+
+def test_planted_f3_revert_is_reported_as_stale_body(monkeypatch: pytest.MonkeyPatch) -> None:
+    """F3 reverted (a delivery never hears its lease lapsed) is caught in this process: the
+    timeline the CLI prints for seed 160 replays here (no hash seed is fixed) and a
+    retryable body starts in a delivery already told its lease lapsed."""
+    from treadle.world import messages
+
+    seed, plan = next((s, p) for s, p, bug in PINNED if bug.startswith("F3: stale_body"))
+    config = Config(plan=FaultPlan.parse(plan))
+    assert simulate(seed, config).ok
+    monkeypatch.setattr(messages.DeliveryMeta, "lost_lease", lambda self: False)
+    report = simulate(seed, config)
+    assert "stale_body" in {v.kind for v in report.violations}, report.violations
+
+
+def test_pause_and_crash_strike_between_world_calls() -> None:
+    """The ``pause`` and ``crash`` faults fire at instants of their own, not at a World call,
+    and each is counted against the plan's budget."""
+    config = Config(plan=FaultPlan.parse("pause=0.02,crash=0.01,budget=6"))
+    report = simulate(3, config)
+    points = {line.split()[3] for line in report.trace if line.startswith("fault ")}
+    assert points == {"process"}
+    assert report.faults["pause"] >= 1 and report.faults["crash"] >= 1
+    assert sum(report.faults.values()) <= 6

@@ -33,7 +33,8 @@ def steps_to_resend(state: LogState, *, now: datetime, recovery: bool) -> list[R
     re-sends started background steps without an outcome, with no age bound.
     """
     out: list[Resend] = []
-    for step_id in state.open_background_steps | state.open_inline_steps:
+    # Sorted: a set of strings iterates in hash-seed order, and a seed must replay.
+    for step_id in sorted(state.open_background_steps | state.open_inline_steps):
         step = state.steps[step_id]
         if not step.inline:
             unstarted = step.starts == 0 and now - step.created_at < RESEND_MAX_AGE
@@ -72,7 +73,7 @@ def inline_to_rerun(state: LogState, running: set[str]) -> list[StepState]:
     """
     return [
         step
-        for step_id in state.open_inline_steps - running
+        for step_id in sorted(state.open_inline_steps - running)
         if (step := state.steps[step_id]).last_type == "step_started"
     ]
 

@@ -146,7 +146,7 @@ class LogState:
         return step
 
     def open_waits(self) -> list[WaitState]:
-        return [self.waits[w] for w in self.open_wait_ids]
+        return [self.waits[w] for w in sorted(self.open_wait_ids)]  # hash-seed free order
 
     def chain(self, creator_message_id: str | None) -> list[WaitState]:
         """A chain's open waits, earliest first."""

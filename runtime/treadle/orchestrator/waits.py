@@ -84,7 +84,7 @@ class WaitArmer:
         cont = self.message.wait_continuation
         if cont is not None and cont.correlation_id in state.waits:
             owners.add(state.waits[cont.correlation_id].creator_message_id)
-        for owner in owners:
+        for owner in sorted(owners, key=_owner_order):
             chain = state.chain(owner)
             if chain:
                 await self.arm(chain[0].wait_id, chain[0].resume_at)
@@ -107,7 +107,7 @@ class WaitArmer:
         if not due:
             return
         finishing = {w.wait_id for w in due}
-        for owner in {w.creator_message_id for w in due}:
+        for owner in sorted({w.creator_message_id for w in due}, key=_owner_order):
             rest = [w for w in state.chain(owner) if w.wait_id not in finishing]
             if rest:
                 await self.arm(rest[0].wait_id, rest[0].resume_at)  # before the completion
@@ -131,3 +131,8 @@ class WaitArmer:
         for send in sends:  # marked only once sent: a failed send is retried by a redelivery
             assert send.key is not None
             self.rt.near_due_sent.mark(send.key)
+
+
+def _owner_order(owner: str | None) -> tuple[bool, str]:
+    """A set of chain owners in a fixed order (set order follows the hash seed)."""
+    return owner is not None, owner or ""

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 
 from treadle import clock, errors
@@ -28,6 +29,12 @@ from treadle.testing.memory.queue import MIN_WAIT_SECONDS, Leased, MessageQueue,
 from treadle.world import contract, messages, queuerules
 
 log = logging.getLogger("treadle.testing.memory.consumer")
+
+# The delivery whose handler runs the current task (and every task it spawned), or
+# None: the simulation reads it to check what a delivery does once told its lease lapsed.
+current_delivery: contextvars.ContextVar[Leased | None] = contextvars.ContextVar(
+    "treadle_memory_delivery", default=None
+)
 
 
 class MemoryConsumer:
@@ -153,6 +160,7 @@ class MemoryConsumer:
             self._queue.refuse(leased, exc.reason)
             return
         handler = self._handlers[message.kind]
+        current_delivery.set(leased)  # before the heartbeat: its renewals are this delivery's
         heartbeat = asyncio.get_running_loop().create_task(self._heartbeat(leased))
         self._heartbeats[heartbeat] = None
         try:

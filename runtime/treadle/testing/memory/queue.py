@@ -49,13 +49,31 @@ def _max_failed_deliveries(tuning: contract.QueueTuning) -> int:
     return int(getattr(constants, "MAX_LOCAL_FAILED_DELIVERIES", 256))
 
 
+class LeaseLost(asyncio.Event):
+    """A delivery's ``lease_lost`` event that remembers when it was first set
+    (``clock.monotonic()``), so a test can tell what a delivery did after it knew."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.at: float | None = None
+
+    def set(self) -> None:
+        if self.at is None:
+            self.at = clock.monotonic()
+        super().set()
+
+    def known_before(self, now: float) -> bool:
+        """Was the lapse told strictly before ``now``?"""
+        return self.at is not None and self.at < now
+
+
 @dataclass(slots=True)
 class Lease:
     token: str
     until: float
     world: str
     consumer: str
-    lost: asyncio.Event
+    lost: LeaseLost
     timer: asyncio.TimerHandle | None = None
 
 
@@ -89,7 +107,7 @@ class Leased:
     delivery_count: int
     handoffs: int
     token: str
-    lost: asyncio.Event = field(compare=False)
+    lost: LeaseLost = field(compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,7 +262,7 @@ class MessageQueue:
         self.leased[entry.message_id] = entry
         entry.delivery_count += 1
         entry.coalesced = 0
-        lease = Lease(clock.token_hex(8), now + lease_seconds, world, consumer, asyncio.Event())
+        lease = Lease(clock.token_hex(8), now + lease_seconds, world, consumer, LeaseLost())
         lease.timer = asyncio.get_running_loop().call_later(
             lease_seconds, self._lease_timer, entry, lease
         )

@@ -15,7 +15,6 @@ import argparse
 import collections
 import json
 import logging
-import os
 import sys
 import time
 
@@ -23,8 +22,6 @@ from treadle.testing.simulation import known, workload
 from treadle.testing.simulation.faults import FaultPlan
 from treadle.testing.simulation.runner import Config, Report, simulate
 from treadle.testing.simulation.shrink import shrink
-
-HASH_SEED = "0"
 
 
 def _config(args: argparse.Namespace) -> Config:
@@ -126,13 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("-v", "--verbose", action="store_true", help="engine logs (INFO)")
     p.add_argument("--json", action="store_true", help="soak: one JSON object per seed")
     args = p.parse_args(argv)
-    if argv is None and os.environ.get("PYTHONHASHSEED") != HASH_SEED:
-        # The engine iterates sets of strings: their order follows the hash seed, so a
-        # seed replays exactly only under one fixed hash seed. Re-run under it.
-        env = {**os.environ, "PYTHONHASHSEED": HASH_SEED}
-        os.execve(
-            sys.executable, [sys.executable, "-m", "treadle.testing.simulation", *sys.argv[1:]], env
-        )
+    # No hash seed is fixed: the engine and the simulation never iterate a set of
+    # strings in hash order, so a seed replays the same under any PYTHONHASHSEED.
     if not args.verbose:
         logging.getLogger("treadle").setLevel(logging.CRITICAL)
     if args.seed is not None:

@@ -11,8 +11,16 @@ Kinds (the seeds' edge cases, DESIGN.md section 10):
 - ``lost_wake``: the process dies at a send, after the commit that owed it;
 - ``stall``: the process stops past its lease, then resumes (stale, running);
 - ``duplicate``: the delivery's lease is forced to lapse (a second delivery);
-- ``fence``: like ``duplicate``, at an in-band write, so the write goes stale;
-- ``feed_drop``: the run's live subscriptions fail.
+- ``fence``: at a write, the delivery's lease lapses and the write waits until the
+  redelivery wrote, so the fence refuses it (an out-of-band start goes stale);
+- ``lapse``: at a write, the delivery's lease lapses and the write commits at once
+  (the lease lapsed while it wrote: the delivery learns it only afterwards);
+- ``feed_drop``: the run's live subscriptions fail;
+- ``pause``: not at a call: now and then (``rate`` per virtual second) a live
+  process, one holding a run's delivery if any, stalls as ``stall`` does, whatever
+  it is doing (lingering on a hook or sleep, running an inline body);
+- ``crash``: not at a call either: a live process dies at an arbitrary instant
+  (whatever await point its deliveries and bodies are at).
 
 ``FaultPlan.parse("kill=0.01,stall=0.004")`` and ``str(plan)`` round-trip, so a
 shrunk plan goes into the one-line replay command. Used by the runner and
@@ -34,8 +42,14 @@ KINDS = (
     "stall",
     "duplicate",
     "fence",
+    "lapse",
     "feed_drop",
+    "pause",
+    "crash",
 )
+
+# Kinds added after seeds were pinned (drawn from their own stream, ``FaultPlan.draw``).
+LATER_KINDS = ("lapse", "pause", "crash")
 
 STORAGE_POINTS = frozenset(
     {"runs.get", "runs.list", "events.list", "steps.list", "steps.get", "hooks.get_by_token"}
@@ -45,7 +59,7 @@ WRITE_POINTS = frozenset({"runs.create", "events.create", "events.create_batch"}
 # Which kinds apply at which point.
 _APPLIES: dict[str, tuple[str, ...]] = {
     "storage": ("storage_error", "kill", "stall", "feed_drop"),
-    "write": ("storage_error", "fail_after", "kill", "stall", "fence", "feed_drop"),
+    "write": ("storage_error", "fail_after", "kill", "stall", "fence", "lapse", "feed_drop"),
     "queue.send": ("queue_error", "fail_after", "lost_wake"),
     "queue.settle": ("queue_error", "kill", "stall"),
     "queue.renew": ("queue_error", "stall", "duplicate"),
@@ -61,7 +75,10 @@ DEFAULT_RATES = {
     "stall": 0.003,
     "duplicate": 0.01,
     "fence": 0.006,
+    "lapse": 0.006,
     "feed_drop": 0.005,
+    "pause": 0.004,
+    "crash": 0.002,
 }
 
 
@@ -86,12 +103,23 @@ class FaultPlan:
         return cls({}, budget=0)
 
     @classmethod
-    def draw(cls, rng: random.Random, kinds: tuple[str, ...] = KINDS) -> FaultPlan:
-        """A seed's plan: each kind on with probability 1/2, at 0.5-2x its default rate."""
+    def draw(cls, rng: random.Random, later: random.Random | None = None) -> FaultPlan:
+        """A seed's plan: each kind on with probability 1/2, at 0.5-2x its default rate.
+
+        The kinds added later (``LATER_KINDS``) draw from their own stream ``later``, so
+        the plans every earlier kind gets stay what they were when the seeds were pinned.
+        """
         rates = {
-            k: DEFAULT_RATES[k] * rng.choice([0.5, 1.0, 2.0]) for k in kinds if rng.random() < 0.5
+            k: DEFAULT_RATES[k] * rng.choice([0.5, 1.0, 2.0])
+            for k in KINDS
+            if k not in LATER_KINDS and rng.random() < 0.5
         }
-        return cls(rates, budget=rng.choice([4, 8, 12, 20]))
+        budget = rng.choice([4, 8, 12, 20])
+        later = later or rng
+        for k in LATER_KINDS:
+            if later.random() < 0.5:
+                rates[k] = DEFAULT_RATES[k] * later.choice([0.5, 1.0, 2.0])
+        return cls(rates, budget=budget)
 
     @classmethod
     def parse(cls, text: str) -> FaultPlan:
@@ -138,19 +166,36 @@ class Injected:
 class Injector:
     """Draws faults from a plan, counts and records them."""
 
-    def __init__(self, plan: FaultPlan, rng: random.Random) -> None:
+    def __init__(
+        self, plan: FaultPlan, rng: random.Random, later: random.Random | None = None
+    ) -> None:
         self.plan = plan
         self.rng = rng
+        # The kinds added later draw from their own stream: turning one on leaves the
+        # draws (so the timelines) of the earlier kinds as they were.
+        self.later = later or rng
         self.counts: collections.Counter[str] = collections.Counter()
         self.log: list[Injected] = []
         self.left = plan.budget
+
+    def take(self, kind: str, point: str, run_id: str | None, process: str, now: float) -> bool:
+        """Spend one fault of ``kind`` drawn elsewhere (a ``pause``); False past the budget."""
+        if self.left <= 0 or now >= self.plan.quiet_after:
+            return False
+        self.left -= 1
+        self.counts[kind] += 1
+        self.log.append(Injected(now, kind, point, run_id, process))
+        return True
 
     def choose(self, point: str, run_id: str | None, process: str, now: float) -> str | None:
         if self.left <= 0 or now >= self.plan.quiet_after:
             return None
         for kind in applicable(point):
+            if kind in ("pause", "crash"):
+                continue
             rate = self.plan.rates.get(kind, 0.0)
-            if rate and self.rng.random() < rate:
+            rng = self.later if kind in LATER_KINDS else self.rng
+            if rate and rng.random() < rate:
                 self.left -= 1
                 self.counts[kind] += 1
                 self.log.append(Injected(now, kind, point, run_id, process))

@@ -11,17 +11,24 @@ and returns ``Violation`` objects, each naming its kind:
   result (``workload.expected``), or a step's outcome differs from its expected
   (a run failed on a conflict with its own hook left open by a woken
   ``race_hook`` is expected, ``workload.may_conflict_with_own_hook``);
-- ``overlap``: a step body ran concurrently with itself;
+- ``overlap``: a step body ran concurrently with itself while its owner lived
+  (its process neither dead nor stalled, its delivery's lease not lapsed);
 - ``at_most_once``: a ``max_retries=0`` body started twice under one live owner;
-- ``exhausted_unrun``: a step failed as exhausted while an attempt still ran or
-  before any ran;
+- ``stale_body``: a retryable step body started by a delivery already told that
+  its lease lapsed (F3: such a delivery starts no body);
+- ``lease_ignored``: an orchestrator delivery wrote after it was told its lease
+  lapsed (F3: no write; recorded by ``processes.ProcessInterceptor``);
+- ``exhausted_unrun``: a step failed as exhausted before any attempt's body ran
+  (unless a process died meanwhile), or while one still ran (unless an owner died or
+  went stale);
 - ``cancelled_body``: a step body cancelled although its process did not die;
 - ``deliveries`` / ``handoffs``: more than the bound for the run's size.
 
 Checks that faults legitimately change (a killed owner may leave a
-``max_retries=0`` step exhausted; a stale owner's body may overlap its
-successor's) are skipped for a run that lost an owner while it was active
-(``RunOutcome.tainted``). ``loop_held`` is raised by the runner itself.
+``max_retries=0`` step exhausted; the output and budgets shift) are skipped for
+a run that lost an owner while it was active (``RunOutcome.tainted``); overlap
+and at-most-once are then judged per pair of bodies (was the earlier one's
+owner gone when the later one started?). ``loop_held`` is raised by the runner.
 """
 
 from __future__ import annotations
@@ -67,6 +74,14 @@ class RunOutcome:
     deliveries: int = 0
     handoffs: int = 0
     dead_processes: set[str] = field(default_factory=set)
+    # Per process: when it died (None: it did not) and its stalls (start, end).
+    killed_at: dict[str, float | None] = field(default_factory=dict)
+    stalls: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
+    # A process died while the run was active (a stale owner alone never excuses an
+    # exhausted step whose body never ran: such an owner still runs a max_retries=0 body).
+    owner_died: bool = False
+    # World calls of this run's deliveries made after they were told their lease lapsed.
+    ignored_leases: list[str] = field(default_factory=list)
 
 
 def _vt(e: events.LoggedEvent) -> float:
@@ -100,6 +115,7 @@ def check(o: RunOutcome) -> list[Violation]:
     race_ids = {op["step"]["id"] for op in o.program.ops if op["k"] == "race"}
     out += _check_output(o, race_ids)
     out += _check_bodies(o, race_ids)
+    out += [Violation("lease_ignored", rid, text) for text in o.ignored_leases]
     steps = len(outcomes_expected(o.program)) + len(race_ids)
     if o.deliveries > 80 + 6 * steps:
         out.append(Violation("deliveries", rid, f"{o.deliveries} deliveries for {steps} steps"))
@@ -189,6 +205,18 @@ def _burned_attempts(o: RunOutcome) -> set[str]:
     return shifted
 
 
+def _owner_lost(o: RunOutcome, a: BodyRun, until: float) -> bool:
+    """Had body ``a``'s owner gone by ``until``: its process dead or stalled since the
+    body started, or its delivery told that its lease lapsed?"""
+    killed = o.killed_at.get(a.process)
+    if killed is not None and killed <= until:
+        return True
+    if any(s <= until and e >= a.started for s, e in o.stalls.get(a.process, [])):
+        return True
+    lost = a.lease_lost_at()
+    return a.lease is None or (lost is not None and lost <= until + 1e-6)  # float rounding
+
+
 def _check_bodies(o: RunOutcome, race_ids: set[str]) -> list[Violation]:
     out: list[Violation] = []
     rid = o.run_id
@@ -206,24 +234,39 @@ def _check_bodies(o: RunOutcome, race_ids: set[str]) -> list[Violation]:
     for step_id, runs in by_step.items():
         runs.sort(key=lambda b: b.started)
         op_id = runs[0].op_id
-        if not o.tainted:
-            for a, b in itertools.pairwise(runs):
-                if a.ended is None or a.ended > b.started:
-                    out.append(
-                        Violation(
-                            "overlap",
-                            rid,
-                            f"step {op_id} ({step_id}): attempt {b.attempt} started at "
-                            f"{b.started:.3f} in {b.process} while attempt {a.attempt} "
-                            f"(since {a.started:.3f} in {a.process}) still ran",
-                        )
+        for a, b in itertools.pairwise(runs):
+            # Under faults a body may outlive its owner (its process died or stalled, or
+            # its delivery's lease lapsed): then a successor may run the step again.
+            excused = o.tainted and _owner_lost(o, a, b.started)
+            if (a.ended is None or a.ended > b.started) and not excused:
+                out.append(
+                    Violation(
+                        "overlap",
+                        rid,
+                        f"step {op_id} ({step_id}): attempt {b.attempt} started at "
+                        f"{b.started:.3f} in {b.process} while attempt {a.attempt} "
+                        f"(since {a.started:.3f} in {a.process}) still ran",
                     )
-            if retries.get(op_id) == 0 and len(runs) > 1:
+                )
+            if retries.get(op_id) == 0 and not excused:
                 out.append(
                     Violation(
                         "at_most_once",
                         rid,
-                        f"step {op_id} (max_retries=0) started {len(runs)} times",
+                        f"step {op_id} (max_retries=0) started again at {b.started:.3f} in "
+                        f"{b.process} (attempt {b.attempt}) under the live owner of its "
+                        f"start at {a.started:.3f} in {a.process}",
+                    )
+                )
+        for b in runs:
+            if b.told_before_start and retries.get(op_id) != 0:
+                out.append(
+                    Violation(
+                        "stale_body",
+                        rid,
+                        f"step {op_id} attempt {b.attempt} started at {b.started:.3f} in "
+                        f"{b.process} by a {b.kind} delivery told at "
+                        f"{b.lease_lost_at():.3f} that its lease lapsed",
                     )
                 )
         for b in runs:
@@ -245,8 +288,8 @@ def _check_bodies(o: RunOutcome, race_ids: set[str]) -> list[Violation]:
             continue
         runs = by_step.get(e.correlation_id or "", [])
         t = _vt(e)
-        if o.tainted:
-            continue  # an owner died or went stale: exhausting an unrun start is the rule
+        if o.owner_died:
+            continue  # an owner died: exhausting the start it never ran is the rule
         if not runs:
             out.append(
                 Violation(
@@ -256,7 +299,9 @@ def _check_bodies(o: RunOutcome, race_ids: set[str]) -> list[Violation]:
                     "but its body never ran",
                 )
             )
-        else:
+        elif not o.tainted:
+            # A stale owner's body may still run when its successor fails the step (a
+            # max_retries=0 start is failed at once, whatever ran it: ``InlineSteps.rerun``).
             for b in runs:
                 if b.started <= t and (b.ended is None or b.ended > t):
                     out.append(

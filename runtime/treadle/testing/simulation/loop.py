@@ -34,6 +34,8 @@ T = TypeVar("T")
 
 # 2026-01-01T00:00:00Z: every simulated wall clock starts here.
 EPOCH = 1_767_225_600.0
+# ``SimClock.monotonic()`` is this plus the loop's virtual time.
+MONOTONIC_ORIGIN = 1000.0
 
 _abandoned: list[asyncio.Task[Any]] = []
 
@@ -69,6 +71,8 @@ class SimLoop(asyncio.SelectorEventLoop):
         # A livelock: this many callbacks in a row without virtual time moving.
         self.frozen_limit = frozen_limit
         self._frozen_count = 0
+        # Set by the watchdog once a callback held the loop past its limit.
+        self.tripped: LoopHeld | None = None
         self.set_task_factory(self._task_factory)
         self.set_exception_handler(_quiet)
 
@@ -107,6 +111,8 @@ class SimLoop(asyncio.SelectorEventLoop):
     def _run_once(self) -> None:
         """asyncio's iteration, with the wait replaced by a jump of virtual time and the
         ready callbacks run in an order drawn from the PRNG."""
+        if self.tripped is not None:
+            raise self.tripped  # a swallowed interrupt: the held loop still fails the run
         scheduled: list[asyncio.TimerHandle] = self._scheduled  # type: ignore[attr-defined]
         while scheduled and scheduled[0]._cancelled:
             self._timer_cancelled_count -= 1  # type: ignore[attr-defined]
@@ -177,7 +183,7 @@ class SimClock:
         return self.epoch + self.loop.time()
 
     def monotonic(self) -> float:
-        return 1000.0 + self.loop.time()
+        return MONOTONIC_ORIGIN + self.loop.time()
 
     def random_bytes(self, n: int) -> bytes:
         return self.rng.randbytes(n)
@@ -219,14 +225,23 @@ class Watchdog:
             self._thread.join()
 
     def _watch(self) -> None:
+        last_interrupt = 0.0
         while not self._stop.wait(min(0.25, self.limit / 4)):
             since, handle = self.loop.running_since, self.loop.running_handle
-            if since is None or self.held is not None:
+            if since is None:
                 continue
-            held = time.monotonic() - since
+            now = time.monotonic()
+            held = now - since
             if held > self.limit and self.loop.running_handle is handle:
-                self.held = LoopHeld(held, repr(handle)[:300])
-                _thread.interrupt_main()
+                if self.held is None:
+                    self.held = LoopHeld(held, repr(handle)[:300])
+                    self.loop.tripped = self.held  # its next iteration raises it
+                # Again while it is still held: code under the spin may swallow one
+                # interrupt (an ``except BaseException`` that carries on), so the run
+                # would hang here instead of failing.
+                if now - last_interrupt > self.limit:
+                    last_interrupt = now
+                    _thread.interrupt_main()
 
     def tripped(self) -> LoopHeld | None:
         return self.held

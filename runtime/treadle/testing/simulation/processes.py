@@ -21,16 +21,42 @@ import asyncio
 import contextvars
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Literal
 
-from treadle import errors
+from treadle import clock, errors
 from treadle.client import Workflows
 from treadle.orchestrator.worker import Worker
+from treadle.testing.memory.consumer import current_delivery
 from treadle.testing.simulation.workload import current_process
 
 log = logging.getLogger("treadle.testing.simulation")
 
 Interference = Literal["proceed", "lose", "fail_after"]
+
+# The World calls an orchestrator delivery must not make once told its lease lapsed
+# (issue 10, F3: no write). Reads are not checked: a read retried after a timeout and
+# the first load of a delivery whose lease lapsed before its handler ran still happen
+# (harmless; found_seeds.md "open"). Settling and sends of what it owes stay allowed.
+_STOPPED_POINTS = frozenset({"events.create", "events.create_batch"})
+
+
+@dataclass
+class IgnoredLease:
+    """A World call an orchestrator delivery made after it was told its lease lapsed."""
+
+    at: float
+    told_at: float
+    point: str
+    run_id: str
+    message_id: str
+    process: str
+
+    def __str__(self) -> str:
+        return (
+            f"{self.process}'s delivery of {self.message_id} called {self.point} at "
+            f"{self.at:.3f}, told at {self.told_at:.3f} that its lease lapsed"
+        )
 
 
 class ProcessKilled(BaseException):
@@ -47,7 +73,7 @@ class Process:
         self.stalled_until: float | None = None
         self._unstalled = asyncio.Event()
         self._unstalled.set()
-        self.tasks: set[asyncio.Task[Any]] = set()
+        self.tasks: dict[asyncio.Task[Any], None] = {}  # ordered, unlike a set
         self.context = contextvars.copy_context()
         self.context.run(current_process.set, name)
         self.interceptor = ProcessInterceptor(self)
@@ -57,13 +83,13 @@ class Process:
         self.stalls: list[tuple[float, float]] = []
 
     def adopt(self, task: asyncio.Task[Any]) -> None:
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
+        self.tasks[task] = None
+        task.add_done_callback(lambda t: self.tasks.pop(t, None))
 
     async def start(self, app: Workflows) -> None:
         from treadle.testing.memory import MemoryWorld
 
-        self.world = MemoryWorld(self.sim.backend, interceptor=self.interceptor)
+        self.world = MemoryWorld(self.sim.backend, interceptor=self.interceptor, name=self.name)
         worker = Worker(app.runtime(self.world), role="all", concurrency=self.sim.concurrency)
         self.worker = worker
         task = asyncio.get_running_loop().create_task(worker.start(), context=self.context)
@@ -118,6 +144,7 @@ class ProcessInterceptor:
         proc = self.process
         if proc.dead:
             raise ProcessKilled(proc.name)
+        self._check_lease(point)
         if proc.stalled_until is not None:
             await proc._unstalled.wait()
             if proc.dead:
@@ -133,7 +160,30 @@ class ProcessInterceptor:
             if proc.dead:
                 raise ProcessKilled(proc.name)
             return "proceed"
+        if kind == "fence":
+            # The lease lapses and this write waits until the redelivery wrote in-band,
+            # so the fence refuses it (or it lands stale, if nothing came in time).
+            if sim.force_lapse(run_id, proc):
+                await sim.until_written(run_id)
+            if proc.dead:
+                raise ProcessKilled(proc.name)
+            return "proceed"
         return self._apply(kind, point, run_id, now)
+
+    def _check_lease(self, point: str) -> None:
+        """Record a call a delivery makes although it knows its lease lapsed (F3)."""
+        leased = current_delivery.get()
+        if leased is None or leased.kind != "orchestrator" or point not in _STOPPED_POINTS:
+            return
+        now = clock.monotonic()
+        if leased.lost.at is not None and leased.lost.known_before(now):
+            offset = now - asyncio.get_running_loop().time()
+            self.process.sim.ignored_leases.append(
+                IgnoredLease(
+                    now - offset, leased.lost.at - offset, point, leased.run_id,
+                    leased.message_id, self.process.name,
+                )
+            )  # fmt: skip
 
     def _apply(self, kind: str, point: str, run_id: str | None, now: float) -> Interference:
         proc, sim = self.process, self.process.sim
@@ -146,7 +196,7 @@ class ProcessInterceptor:
             raise ConnectionError(f"simulated queue failure at {point}")
         if kind == "fail_after":
             return "fail_after"
-        if kind in ("duplicate", "fence"):
+        if kind in ("duplicate", "lapse"):
             sim.force_lapse(run_id, proc)
             return "proceed"
         if kind == "feed_drop":

@@ -22,9 +22,10 @@ from typing import Any
 
 from treadle import clock, errors, settings
 from treadle.client import Workflows
+from treadle.testing.memory.consumer import current_delivery
 from treadle.testing.simulation import invariants, loop, workload
 from treadle.testing.simulation.faults import FaultPlan, Injector
-from treadle.testing.simulation.processes import Process, task_recorder
+from treadle.testing.simulation.processes import IgnoredLease, Process, task_recorder
 from treadle.world import contract
 
 log = logging.getLogger("treadle.testing.simulation")
@@ -92,7 +93,9 @@ class Simulation:
         self.seed = seed
         self.config = config
         self.rng = random.Random(f"{seed}/actors")
-        self.injector = Injector(plan, random.Random(f"{seed}/faults"))
+        self.injector = Injector(
+            plan, random.Random(f"{seed}/faults"), random.Random(f"{seed}/faults/later")
+        )
         self.processes: dict[str, Process] = {}
         self.ledger = workload.Ledger()
         self.concurrency = 8
@@ -105,6 +108,7 @@ class Simulation:
         self._spawned = 0
         self.resumed: dict[tuple[str, str | None, int], asyncio.Event] = {}
         self._background: set[asyncio.Task[Any]] = set()
+        self.ignored_leases: list[IgnoredLease] = []
 
     def now(self) -> float:
         return asyncio.get_running_loop().time()
@@ -118,14 +122,58 @@ class Simulation:
         if sum(not p.dead for p in self.processes.values()) == 0 or self.rng.random() < 0.7:
             self._spawn_later(self.rng.choice([0.5, 5.0, 20.0]))
 
-    def force_lapse(self, run_id: str | None, proc: Process) -> None:
+    def force_lapse(self, run_id: str | None, proc: Process) -> bool:
+        """The lease of the calling delivery (else the first in flight for ``run_id``)
+        lapses now; True when one did."""
+        leased = current_delivery.get()
+        mine = [leased.message_id] if leased is not None and leased.run_id == run_id else []
+        held = [i.message_id for i in self.backend.in_flight() if i.run_id == run_id]
+        for message_id in [m for m in mine if m in held] or held[:1]:
+            if self.backend.force_lease_lapse(message_id):
+                self.ownership_lost.append((self.now(), run_id))
+                return True
+        return False
+
+    async def until_written(self, run_id: str | None, bound: float = 20.0) -> None:
+        """Wait until another in-band event of ``run_id`` is logged (or ``bound`` s)."""
         if run_id is None:
             return
-        for item in self.backend.in_flight():
-            if getattr(item, "run_id", None) == run_id:
-                if self.backend.force_lease_lapse(item.message_id):
-                    self.ownership_lost.append((self.now(), run_id))
+        seen = len(self.backend.events_of(run_id))
+        waited = 0.0
+        while waited < bound and len(self.backend.events_of(run_id)) == seen:
+            await asyncio.sleep(0.25)
+            waited += 0.25
+
+    async def at_any_instant(self, kind: str) -> None:
+        """Faults not tied to a World call, now and then (``rate`` per virtual second),
+        to a live process (one holding a run's delivery if any), whatever it is doing:
+
+        - ``pause``: every World call it makes blocks past its leases, so a delivery
+          lingering on a hook, a sleep or an inline body is redelivered elsewhere, then
+          resumes stale;
+        - ``crash``: it dies at once, at whatever await point its tasks are (a body's
+          sleep, a linger, a read): its state is gone, its leases lapse.
+        """
+        rate = self.injector.plan.rates.get(kind, 0.0)
+        if not rate:
+            return
+        rng = random.Random(f"{self.seed}/{kind}")
+        while True:
+            await asyncio.sleep(rng.expovariate(rate))
+            now = self.now()
+            alive = [p for name, p in sorted(self.processes.items()) if not p.dead]
+            busy = {i.world for i in self.backend.in_flight() if i.kind == "orchestrator"}
+            chosen = [p for p in alive if p.name in busy] or alive
+            if now >= self.injector.plan.quiet_after or self.injector.left <= 0:
                 return
+            if chosen:
+                proc = rng.choice(chosen)
+                if not self.injector.take(kind, "process", None, proc.name, now):
+                    continue
+                if kind == "pause":
+                    proc.stall(now, self.stall_seconds())
+                else:
+                    self.on_kill(proc)
 
     def _spawn_later(self, delay: float) -> None:
         async def spawn() -> None:
@@ -189,7 +237,9 @@ class Simulation:
 def simulate(seed: int, config: Config | None = None) -> Report:
     """Run one seed and check every invariant; never raises for a violation."""
     config = config or Config()
-    plan = config.plan if config.plan is not None else FaultPlan.draw(random.Random(f"{seed}/plan"))
+    plan = config.plan
+    if plan is None:
+        plan = FaultPlan.draw(random.Random(f"{seed}/plan"), random.Random(f"{seed}/plan/later"))
     report = Report(seed, plan, config)
     prog_rng = random.Random(f"{seed}/program")
     report.programs = [
@@ -241,6 +291,8 @@ async def _main(sim: Simulation, report: Report) -> list[invariants.RunOutcome]:
         sim.app = app
         for _ in range(sim.config.processes):
             await sim.spawn()
+        sim._keep(sim.at_any_instant("pause"))
+        sim._keep(sim.at_any_instant("crash"))
         runs = []
         for program in report.programs:
             run = await app.start("sim_program", program.ops)
@@ -284,4 +336,10 @@ async def _collect(
         deliveries=int(getattr(per_run, "deliveries", 0)),
         handoffs=int(getattr(per_run, "handoffs", 0)),
         dead_processes={p.name for p in sim.processes.values() if p.dead},
+        killed_at={p.name: p.killed_at for p in sim.processes.values()},
+        stalls={p.name: list(p.stalls) for p in sim.processes.values()},
+        ignored_leases=[str(i) for i in sim.ignored_leases if i.run_id == run_id],
+        owner_died=any(
+            p.killed_at is not None and start <= p.killed_at <= end for p in sim.processes.values()
+        ),
     )

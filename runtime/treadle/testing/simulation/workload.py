@@ -8,6 +8,7 @@ list of operations the one registered workflow ``sim_program`` interprets::
     {"k": "sleep", "s": 2.0}                       # short or several timer hops
     {"k": "hook", "token": "t1", "n": 0}           # wait for the payload sent to a token
     {"k": "race", "step": <step>, "sleep": 9000}   # a step against a sleep (result ignored)
+    {"k": "race", "step": <step>, "sleep": 9000, "token": "t3"}  # ... against a hook
     {"k": "race_hook", "token": "t2", "n": 0, "sleep": 3.0}
 
 A step body sleeps ``dur`` virtual seconds and fails its first ``fail``
@@ -28,6 +29,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from treadle import FatalError, Hook, RetryableError, StepFailed, Workflows, sleep, step_metadata
+from treadle.testing.memory.consumer import current_delivery
+from treadle.testing.simulation.loop import MONOTONIC_ORIGIN
 
 Op = dict[str, Any]
 
@@ -53,6 +56,17 @@ class BodyRun:
     started: float
     ended: float | None = None
     how: str = "running"  # returned | raised | cancelled | running
+    # The delivery running it ("orchestrator": inline, "step": its own message), the
+    # virtual time its lease lapsed if it did (filled in late, from the live event), and
+    # whether that delivery had already been told so when this body started (F3).
+    kind: str | None = None
+    lease: Any = None
+    told_before_start: bool = False
+
+    def lease_lost_at(self) -> float | None:
+        """Virtual time this body's delivery was told its lease lapsed, if it was."""
+        at = getattr(self.lease, "at", None)
+        return None if at is None else at - MONOTONIC_ORIGIN
 
 
 @dataclass
@@ -149,9 +163,14 @@ def generate(rng: random.Random, shape: Shape | None = None, *, prefix: str = ""
                 }
             )
         elif roll < 0.80:
-            ops.append(
-                {"k": "race", "step": _step(rng, sid()), "sleep": rng.choice([0.01, 9000.0])}
-            )
+            race: Op = {"k": "race", "step": _step(rng, sid()), "sleep": rng.choice([0.01, 9000.0])}
+            if shape.hooks and race["sleep"] > 1000 and rng.random() < 0.5:
+                # The step races a hook instead: its payload comes before, during or after.
+                tokens += 1
+                race["token"] = f"{prefix}t{tokens}"
+                at = rng.choice([0.0, 1.0, 5.0, 40.0])
+                actors.append(Actor(at=at, kind="resume", token=race["token"], n=0))
+            ops.append(race)
         elif shape.hooks:
             tokens += 1
             token = f"{prefix}t{tokens}"
@@ -278,6 +297,10 @@ def build(app: Workflows, ledger: Ledger, clock_now: Any) -> None:
         entry = BodyRun(
             md.run_id, md.step_id, op["id"], md.attempt, current_process.get(), clock_now()
         )
+        leased = current_delivery.get()
+        if leased is not None:
+            entry.kind, entry.lease = leased.kind, leased.lost
+            entry.told_before_start = leased.lost.known_before(entry.started + MONOTONIC_ORIGIN)
         ledger.bodies.append(entry)
         try:
             if op["dur"]:
@@ -322,9 +345,10 @@ def build(app: Workflows, ledger: Ledger, clock_now: Any) -> None:
                 got = await Payload.wait(token=op["token"])
                 out.append(None if got is None else got.v)
             elif k == "race":
+                other = sleep(op["sleep"]) if "token" not in op else Payload.wait(token=op["token"])
                 racers = [
                     asyncio.ensure_future(call(op["step"], True)),
-                    asyncio.ensure_future(sleep(op["sleep"])),
+                    asyncio.ensure_future(other),
                 ]
                 await asyncio.wait(racers, return_when=asyncio.FIRST_COMPLETED)
                 out.append(None)
