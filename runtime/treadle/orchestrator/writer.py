@@ -262,6 +262,10 @@ class InBandWriter:
                 slots = {e.slot for e in mine}
                 report = tuple(e for e in above if e.slot < top and e.slot not in slots)
                 return mine, report
+            # The read may have taken long (a stalled World): the lease may have lapsed
+            # meanwhile, and a delivery that knows it wrote nothing more (simulation seed
+            # 208: a write again 5 s after the queue said the lease was gone).
+            self._check()
             try:
                 return await write()
             except errors.StorageUnavailable as again:
