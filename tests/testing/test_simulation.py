@@ -242,6 +242,12 @@ PINNED: list[tuple[int, str, str]] = [
         "budget=12",
         STEP_START_AFTER_LAPSE,
     ),
+    (
+        271,
+        "duplicate=0.005,fail_after=0.01,feed_drop=0.01,fence=0.006,queue_error=0.01,stall=0.006,"
+        "storage_error=0.01,budget=8",
+        STEP_START_AFTER_LAPSE,
+    ),
 ]
 
 
