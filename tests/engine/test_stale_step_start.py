@@ -5,7 +5,8 @@ plain delivery stalled inside its out-of-band ``step_started`` past its lease; i
 redeliveries started and retried attempts 1 and 2; the stale write then landed as
 ``step_started attempt 1`` and its body ran, burning an attempt. The World now refuses
 that start (``StaleStepStart``), and the handler acknowledges with no body and no write;
-a delivery whose lease lapsed during its start write runs no body either.
+a delivery whose lease lapsed during its start write runs no body either, and one told
+its lease lapsed before its start writes nothing (seed 58: such starts spent attempts).
 """
 
 from __future__ import annotations
@@ -117,7 +118,16 @@ async def test_a_delivery_that_lost_its_lease_during_its_start_runs_no_body(
 
     run_id, message = await _step_with_message(faulty, "step_lapsed")
     lapsed = asyncio.Event()
-    lapsed.set()
+    forward = faulty.events.create
+
+    async def lapsing_start(run: str, event: events.Event, **kw: Any) -> records.EventResult:
+        # The start write is in flight when the lease lapses; the write still commits.
+        result = await forward(run, event, **kw)
+        if isinstance(event, events.StepStarted):
+            lapsed.set()
+        return result
+
+    faulty.events.create = lapsing_start  # type: ignore[method-assign]
     answer = await step_handler.handle_step_message(
         app.runtime(faulty), message, _plain_meta("m-lapsed", lapsed)
     )
@@ -126,3 +136,44 @@ async def test_a_delivery_that_lost_its_lease_during_its_start_runs_no_body(
     log = [e.event for e in (await faulty.events.list(run_id)).events]
     assert [e.type for e in log] == ["run_created", "step_created", "step_started"]
     assert isinstance(log[-1], events.StepStarted) and log[-1].attempt == 1
+
+
+async def test_a_delivery_told_its_lease_lapsed_before_its_start_writes_nothing(
+    make_app: MakeApp, faulty: FaultyWorld
+) -> None:
+    """Simulation seed 58: the deliveries of a max_retries=1 step were each told their lease
+    lapsed (their process stalled) before the handler wrote its start; each wrote
+    step_started and ran no body, so two of them spent both attempts and the live
+    redelivery failed the step as StepAttemptsExhausted, never run. A delivery told
+    before its start writes nothing (F3) and runs no body; the live redelivery then runs
+    attempt 1."""
+    app = make_app(world=faulty)
+    ran: list[int] = []
+
+    @app.step(max_retries=1)
+    async def work() -> str:
+        ran.append(len(ran) + 1)
+        return "ran"
+
+    run_id, message = await _step_with_message(faulty, "step_told")
+    rt = app.runtime(faulty)
+    told = asyncio.Event()
+    told.set()
+    for n in (1, 2):
+        answer = await step_handler.handle_step_message(
+            rt, message, _plain_meta(f"m-told-{n}", told)
+        )
+        assert isinstance(answer, messages.Redeliver)  # dropped: another delivery holds it
+    assert ran == []
+    assert [e.type for e in (await faulty.events.list(run_id)).events] == [
+        "run_created",
+        "step_created",
+    ]
+    live = messages.DeliveryMeta(
+        message_id="m-told-3", delivery_count=3, attempt=3, invocation_started_at=0
+    )
+    assert await step_handler.handle_step_message(rt, message, live) == messages.ACK
+    assert ran == [1]
+    log = [e.event for e in (await faulty.events.list(run_id)).events]
+    assert [e.type for e in log][-2:] == ["step_started", "step_completed"]
+    assert isinstance(log[-2], events.StepStarted) and log[-2].attempt == 1

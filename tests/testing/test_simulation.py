@@ -84,6 +84,11 @@ FEED_DROP_NEWS = (
     "a linger whose feed pushed an outcome and dropped at once ended as 'nothing new'; the"
     " run was recorded consumed through it and the step's wake was taken for a no-op"
 )
+STEP_START_AFTER_LAPSE = (
+    "a background step's deliveries, told their lease lapsed (their process stalled), "
+    "wrote step_started and ran no body; two such starts spent a max_retries=1 step's "
+    "attempts and the live redelivery failed it as exhausted, never run"
+)
 LATE_HOOK_ACTOR = (
     "simulation: a resume sent long before its hook exists gave up after 200 tries; the"
     " actor now retries until the run ends"
@@ -230,6 +235,18 @@ PINNED: list[tuple[int, str, str]] = [
         165,
         "fail_after=0.02,queue_error=0.01,stall=0.003,budget=4",
         "unknown outcomes: exhausted_unrun",
+    ),
+    (
+        58,
+        "crash=0.002,fail_after=0.01,lapse=0.006,pause=0.008,queue_error=0.005,stall=0.006,"
+        "budget=12",
+        STEP_START_AFTER_LAPSE,
+    ),
+    (
+        271,
+        "duplicate=0.005,fail_after=0.01,feed_drop=0.01,fence=0.006,queue_error=0.01,stall=0.006,"
+        "storage_error=0.01,budget=8",
+        STEP_START_AFTER_LAPSE,
     ),
 ]
 

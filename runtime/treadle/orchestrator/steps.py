@@ -365,6 +365,18 @@ async def _handle_step_message(
     if state.outcome:
         await _wake(rt, message)  # its completion wake may have been lost
         return messages.ACK
+    if meta.lost_lease():
+        # Told its lease lapsed (it was delivered, or read the log, while its process
+        # stalled): another delivery holds the message, and this one writes nothing more
+        # (F3). A start written now would run no body yet spend an attempt: seed 003 fails
+        # a step whose "next attempt would exceed maxRetries + 1", so two such starts
+        # failed a max_retries=1 step as StepAttemptsExhausted, never run (sim seed 58).
+        log.info(
+            "run %s: step %s's delivery lost its lease before starting; writing nothing",
+            message.run_id,
+            message.step_name,
+        )
+        return messages.Redeliver(constants.FENCE_REFUSAL_REDELIVERY_SECONDS)  # dropped
     now = clock.utcnow()
     if state.last_type == "step_retrying" and state.retry_after and state.retry_after > now:
         return messages.Redeliver((state.retry_after - now).total_seconds())
