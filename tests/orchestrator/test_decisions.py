@@ -29,7 +29,7 @@ def _state(*evs: tuple[events.Event, datetime]) -> LogState:
 def test_timer_keys_name_the_wait_and_the_hop() -> None:
     """Seed 003 "Timer keys": hop, early re-arm and near-due forms."""
     assert timers.hop_key("wait_a", 1000, 900) == "wait:wait_a:1000:900"
-    assert timers.rearm_key("wait_a", 1000, 1000, 3) == "wait:wait_a:1000:1000:a3"
+    assert timers.rearm_key("wait_a", 1000, 1000, 3, "msg_x") == "wait:wait_a:1000:1000:mmsg_x:a3"
     assert timers.near_due_key("wait_a", 1000, 12_345) == "wait:wait_a:1000:s12"
 
 

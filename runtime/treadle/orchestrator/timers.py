@@ -21,9 +21,23 @@ def hop_key(correlation_id: str, resume_at_ms: int, hop_at_ms: int) -> str:
     return f"wait:{correlation_id}:{resume_at_ms}:{hop_at_ms}"
 
 
-def rearm_key(correlation_id: str, resume_at_ms: int, hop_at_ms: int, attempt: int) -> str:
+def rearm_suffix(message_id: str, attempt: int) -> str:
+    """What a re-arm's key adds to its hop's: the early timer's message and next attempt.
+
+    The message id keeps a re-arm that itself comes early (a clock further behind)
+    from re-arming under its own key, which the queue would drop as a duplicate of
+    the message in hand, leaving the wait no timer (audit TE11); the attempt keeps
+    redeliveries of one message apart, while duplicates of one delivery stay one.
+    """
+    return f"m{message_id}:a{attempt}"
+
+
+def rearm_key(
+    correlation_id: str, resume_at_ms: int, hop_at_ms: int, attempt: int, message_id: str
+) -> str:
     """The re-arm a timer delivery sends for its own wait when it came early."""
-    return f"{hop_key(correlation_id, resume_at_ms, hop_at_ms)}:a{attempt}"
+    suffix = rearm_suffix(message_id, attempt)
+    return f"{hop_key(correlation_id, resume_at_ms, hop_at_ms)}:{suffix}"
 
 
 def near_due_key(correlation_id: str, resume_at_ms: int, now_ms: int) -> str:

@@ -92,8 +92,10 @@ class WaitArmer:
             return
         wait = state.waits.get(cont.correlation_id)
         if wait is not None and not wait.completed and ms(wait.resume_at) > now_ms():
-            # A final timer that came before its wait was due re-arms it under its own key.
-            send = self.timer(wait.wait_id, wait.resume_at, suffix=f"a{self.meta.attempt + 1}")
+            # A final timer that came before its wait was due re-arms it under a key of its
+            # own message and next attempt (never the key of the message in hand: TE11).
+            suffix = timers.rearm_suffix(self.meta.message_id, self.meta.attempt + 1)
+            send = self.timer(wait.wait_id, wait.resume_at, suffix=suffix)
             await self.session.send([send])
             self.timed.add(wait.wait_id)
 
