@@ -325,7 +325,8 @@ def wait_established(rest: Rest, crd_name: str, timeout: float = 30.0) -> None:
     path = f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd_name}"
     deadline = time.monotonic() + timeout
     while True:
-        conditions = rest.get(path).get("status", {}).get("conditions", [])
+        # A CRD just created may answer "conditions": null until the server fills it in.
+        conditions = (rest.get(path).get("status") or {}).get("conditions") or []
         if any(c["type"] == "Established" and c["status"] == "True" for c in conditions):
             return
         if time.monotonic() > deadline:
