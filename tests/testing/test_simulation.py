@@ -272,6 +272,11 @@ PINNED: list[tuple[int, str, str]] = [
         "fail_after=0.01,queue_error=0.005,stall=0.0015,storage_error=0.02,budget=12",
         "the writer checks the lease before writing an unknown outcome again: lease_ignored",
     ),
+    (
+        823,
+        "duplicate=0.02,kill=0.002,queue_error=0.02,stall=0.006,budget=20",
+        "the re-send key carries the delivery's count: never_ended (found in seeds 200-999)",
+    ),
 ]
 
 
