@@ -45,8 +45,8 @@ REVERTS: dict[str, list[Patch]] = {
         ),
         (
             "orchestrator/delivery.py",
-            "            raise refused[0]\n        return not reloaded",
-            "            raise refused[0]\n        for call in later:\n            self.inline.start_committed(call)\n        return not reloaded",
+            "        await self.session.send(sends)\n        if refused:\n",
+            "        await self.session.send(sends)\n        for call in later:\n            self.inline.start_committed(call)\n        if refused:\n",
         ),
     ],
     "bug4": [
@@ -101,11 +101,6 @@ REVERTS: dict[str, list[Patch]] = {
     ],
     "unknown": [
         (
-            "orchestrator/delivery.py",
-            "        writer = self.session.writer\n        if (\n            writer is None",
-            "        writer = self.session.writer\n        if True or (  # REVERTED unknown outcomes\n            writer is None",
-        ),
-        (
             "orchestrator/steps.py",
             "    except errors.StorageUnavailable as exc:\n        try:\n            state = await _read_step_log(",
             "    except errors.StorageUnavailable as exc:\n        raise  # REVERTED unknown outcomes\n        try:\n            state = await _read_step_log(",
@@ -116,11 +111,104 @@ REVERTS: dict[str, list[Patch]] = {
             "                if True:  # REVERTED unknown outcomes\n                    raise",
         ),
     ],
+    "settle_unknown": [
+        (
+            "orchestrator/writer.py",
+            "                    found = await self._settle_unknown(exc, [event], against, write)",
+            "                    raise  # REVERTED settle_unknown\n                    found = await self._settle_unknown(exc, [event], against, write)",
+        ),
+        (
+            "orchestrator/writer.py",
+            "                    found = await self._settle_unknown(exc, batch, against, write)",
+            "                    raise  # REVERTED settle_unknown\n                    found = await self._settle_unknown(exc, batch, against, write)",
+        ),
+    ],
     "stale_start": [
         (
             "testing/memory/log.py",
             "                    and event.attempt <= held.attempt\n",
             "                    and event.attempt <= held.attempt\n                    and False  # REVERTED StaleStepStart\n",
+        ),
+    ],
+    "resend": [
+        (
+            "orchestrator/delivery.py",
+            '            f"{meta.message_id}/{meta.delivery_count - meta.rerun}/{meta.invocation_started_at}"\n',
+            '            f"{meta.message_id}/{meta.invocation_started_at}"  # REVERTED resend_count\n',
+        ),
+        (
+            "orchestrator/delivery.py",
+            "        if self.rt.resent_invocations.seen(invocation):\n",
+            "        if not self.rt.resent_invocations.first_time(invocation):  # REVERTED resend_mark\n",
+        ),
+        (
+            "orchestrator/delivery.py",
+            "        self.rt.resent_invocations.mark(invocation)\n",
+            "",
+        ),
+    ],
+    "resend_count": [
+        (
+            "orchestrator/delivery.py",
+            '            f"{meta.message_id}/{meta.delivery_count - meta.rerun}/{meta.invocation_started_at}"\n',
+            '            f"{meta.message_id}/{meta.invocation_started_at}"  # REVERTED resend_count\n',
+        ),
+    ],
+    "resend_mark": [
+        (
+            "orchestrator/delivery.py",
+            "        if self.rt.resent_invocations.seen(invocation):\n",
+            "        if not self.rt.resent_invocations.first_time(invocation):  # REVERTED resend_mark\n",
+        ),
+        (
+            "orchestrator/delivery.py",
+            "        self.rt.resent_invocations.mark(invocation)\n",
+            "",
+        ),
+    ],
+    "linger_news": [
+        (
+            "orchestrator/delivery.py",
+            "            if linger and not session.feed_live:\n                return False\n            remaining = limit - now_ms()",
+            "            remaining = limit - now_ms()",
+        ),
+        (
+            "orchestrator/delivery.py",
+            "            poll_ms = self._polls.interval_ms(feed_live=session.feed_live)\n            session.news.clear()",
+            "            poll_ms = self._polls.interval_ms(feed_live=session.feed_live)\n            if linger and not session.feed_live:\n                return False  # REVERTED linger_news\n            session.news.clear()",
+        ),
+        (
+            "orchestrator/delivery.py",
+            "        if self.session.tail > decided:\n",
+            "        if False:  # REVERTED linger_news\n",
+        ),
+    ],
+    "lapsed_start": [
+        (
+            "orchestrator/steps.py",
+            "    if meta.lost_lease():\n        # Told its lease lapsed (it was delivered",
+            "    if False:  # REVERTED lapsed_start (seed 58)\n        # Told its lease lapsed (it was delivered",
+        ),
+    ],
+    "recheck_lease": [
+        (
+            "orchestrator/writer.py",
+            "            self._check()\n            try:\n                return await write()",
+            "            try:  # REVERTED recheck_lease (seed 208)\n                return await write()",
+        ),
+    ],
+    "rearm_key": [
+        (
+            "orchestrator/timers.py",
+            '    return f"m{message_id}:a{attempt}"',
+            '    return f"a{attempt}"  # REVERTED rearm_key (TE11)',
+        ),
+    ],
+    "A3": [
+        (
+            "orchestrator/delivery.py",
+            "            if writer is not None and writer.superseded is not None and not self.meta.lost_lease():",
+            "            if False:  # REVERTED A3",
         ),
     ],
 }

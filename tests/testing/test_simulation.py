@@ -248,6 +248,35 @@ PINNED: list[tuple[int, str, str]] = [
         "storage_error=0.01,budget=8",
         STEP_START_AFTER_LAPSE,
     ),
+    # Found by reverting each fix alone on main 3b4f65d (found_seeds.md, revert table) where
+    # no pinned seed failed with it reverted any more.
+    (
+        94,
+        "duplicate=0.005,fail_after=0.01,feed_drop=0.005,fence=0.006,lapse=0.012,"
+        "queue_error=0.005,budget=20",
+        "unknown outcomes (step handler): exhausted_unrun",
+    ),
+    (
+        37,
+        "fail_after=0.02,feed_drop=0.01,kill=0.008,lapse=0.012,pause=0.004,budget=8",
+        "unknown outcomes settle in place (writer): false StepAttemptsExhausted",
+    ),
+    (
+        136,
+        "duplicate=0.02,fail_after=0.02,fence=0.006,kill=0.002,lost_wake=0.008,pause=0.002,"
+        "queue_error=0.01,stall=0.0015,budget=12",
+        "StaleStepStart: attempt 1 after 2",
+    ),
+    (
+        208,
+        "fail_after=0.01,queue_error=0.005,stall=0.0015,storage_error=0.02,budget=12",
+        "the writer checks the lease before writing an unknown outcome again: lease_ignored",
+    ),
+    (
+        823,
+        "duplicate=0.02,kill=0.002,queue_error=0.02,stall=0.006,budget=20",
+        "the re-send key carries the delivery's count: never_ended (found in seeds 200-999)",
+    ),
 ]
 
 
