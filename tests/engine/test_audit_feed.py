@@ -163,6 +163,9 @@ async def test_a_background_steps_start_commits_before_its_body_and_it_wakes_onc
     run = await app.start(flow)
     assert await run.result(timeout=10) == "w"
     assert seen and seen[0][-1] == "step_started", seen
+    # The run can end (its orchestrator saw the outcome on its feed) before the step
+    # delivery's own answer is recorded: wait for that answer.
+    await faulty.queue.until(lambda: any(a.kind == "step" for a in faulty.queue.answers))
     step = next(a for a in faulty.queue.answers if a.kind == "step")
     wakes = [t for t in faulty.trace if t.what == "send" and t.by is not None
              and t.by.meta is step.meta]  # fmt: skip

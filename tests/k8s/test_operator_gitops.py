@@ -181,12 +181,14 @@ def test_a_run_its_ttl_deleted_and_applied_again_shows_the_completed_run_and_sta
     """GitOps self-heal after the TTL: the same manifest applied again adopts the finished
     run (status synced from it, condition Started/RunAdopted); the World has one run."""
     shop.latest()
-    _apply(shop, "nightly", "greet", {"name": "once"}, ttlSecondsAfterFinished=2)
+    # The TTL must outlast the status poll's view of Completed on a loaded machine (at 2 s
+    # the object was once deleted before the poll saw it); each wait below is on events.
+    _apply(shop, "nightly", "greet", {"name": "once"}, ttlSecondsAfterFinished=8)
     first = shop.phase("nightly", "Completed")
     wait_for(lambda: shop.run("nightly") is None, 60, what="the TTL deletion")
     assert [r["run_id"] for r in _runs(shop, "greet")] == [first["runId"]]
 
-    _apply(shop, "nightly", "greet", {"name": "once"}, ttlSecondsAfterFinished=2)
+    _apply(shop, "nightly", "greet", {"name": "once"}, ttlSecondsAfterFinished=8)
     again = shop.phase("nightly", "Completed")
     assert again["runId"] == first["runId"] and again["output"] == first["output"]
     started = _conditions({"status": again})["Started"]
