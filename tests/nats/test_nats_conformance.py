@@ -7,7 +7,7 @@ harness (``conftest.NatsHarness``) gives each test its own stream.
 
 from __future__ import annotations
 
-from treadle.world.conformance import queue, queue_gating, queue_leases
+from treadle.world.conformance import changes, queue, queue_gating, queue_leases
 
 
 class TestNatsQueue(queue.QueueConformance):
@@ -19,4 +19,8 @@ class TestNatsQueueGating(queue_gating.QueueGatingConformance):
 
 
 class TestNatsQueueLeases(queue_leases.QueueLeaseConformance):
+    pass
+
+
+class TestNatsBacklog(changes.BacklogConformance):
     pass

@@ -11,7 +11,7 @@ from typing import cast
 import pytest
 
 from treadle.world import contract
-from treadle.world.conformance import storage, storage_views
+from treadle.world.conformance import changes, storage, storage_views
 from treadle.world.conformance.harness import WorldHarness
 from treadle.worlds.postgres import PostgresStorage
 
@@ -33,6 +33,7 @@ class PostgresStorageWorld:
         self.steps = storage.steps
         self.hooks = storage.hooks
         self.deployments = storage.deployments
+        self.changes = storage.changes
 
     async def close(self) -> None:
         await self.storage.close()
@@ -59,4 +60,8 @@ class TestPostgresStorage(storage.StorageConformance):
 
 
 class TestPostgresStorageViews(storage_views.StorageViewsConformance):
+    pass
+
+
+class TestPostgresChanges(changes.ChangesConformance):
     pass

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from treadle.world.conformance import queue, queue_gating, storage, storage_views
+from treadle.world.conformance import changes, queue, queue_gating, storage, storage_views
 
 
 class TestProductionStorage(storage.StorageConformance):
@@ -19,3 +19,11 @@ class TestProductionQueue(queue.QueueConformance):
 
 class TestProductionQueueGating(queue_gating.QueueGatingConformance):
     pass
+
+
+class TestProductionChanges(changes.ChangesConformance):
+    pass
+
+
+class TestProductionBacklog(changes.BacklogConformance):
+    backlog_deployment = "prod"  # the harness's queue consumes for it (conftest)

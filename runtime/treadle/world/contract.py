@@ -43,6 +43,9 @@ Storage rules (DESIGN.md 3.1, seed 003 "Implementing spec 9 in a World"):
   returns the first one's event with ``allocated = 0``.
 
 Queue rules (DESIGN.md 3.2, seed 003 "Spec 9 queue rules"): see ``Queue``.
+
+World-wide changes (``Changes``, for watchers such as the operator): see
+``Changes.watch``; a queue's backlog (for autoscalers): ``Queue.backlog``.
 """
 
 from __future__ import annotations
@@ -99,6 +102,50 @@ class QueueTuning:
 
 class Subscription(Protocol):
     def close(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class RunChanged:
+    """A report of the world-wide changes feed: run ``run_id`` has events up to ``slot``.
+
+    ``slot == 1`` is the run's creation (``created``), always reported on its own.
+    ``deployment_id`` is the run's deployment on a creation report when the World
+    knows it without a read (None otherwise, and on every later report).
+    """
+
+    run_id: str
+    slot: int
+    deployment_id: str | None = None
+
+    @property
+    def created(self) -> bool:
+        return self.slot == 1
+
+
+ChangeCallback: TypeAlias = Callable[[RunChanged], None]
+ResyncCallback: TypeAlias = Callable[[], None]
+
+
+class Changes(Protocol):
+    """Every run's new events, world-wide, best effort (the operator's status sync)."""
+
+    async def watch(self, on_change: ChangeCallback, on_resync: ResyncCallback) -> Subscription:
+        """Report committed changes of every run until the subscription is closed.
+
+        Returns once the feed is in place: an event committed after it returns (by
+        any process of the World) is reported by ``on_change(RunChanged(run_id,
+        slot))`` with ``slot`` at least the event's, unless the feed is lost
+        meanwhile. Reports may be coalesced (one at slot N stands for every slot up to
+        N of that run), repeated or out of order across runs; a slot never committed
+        is never reported. When the World cannot tell what changed (its connection
+        was lost and is back, another process wrote where no notification reaches),
+        it calls ``on_resync()``: reports may have been missed, so the watcher
+        re-reads whatever it follows. A lost feed reconnects by itself, retrying
+        until closed, and calls ``on_resync()`` once it is back. Callbacks run on
+        the event loop; an exception in one is logged and the feed goes on.
+        ``StorageUnavailable`` when the feed cannot be set up at all.
+        """
+        ...
 
 
 class Runs(Protocol):
@@ -258,6 +305,16 @@ class Queue(Protocol):
         """Start delivering messages of the kinds in ``handlers``."""
         ...
 
+    async def backlog(self, kind: messages.MessageKind, deployment_id: str) -> int:
+        """``kind`` messages for ``deployment_id`` not yet finished: due and waiting plus
+        in flight (what an autoscaler of that deployment's workers scales on).
+
+        Messages delayed and not yet due may be left out. A World whose consumers
+        are per deployment (NATS) counts from when that deployment first consumed
+        ``kind``; before that it answers 0.
+        """
+        ...
+
 
 class World(Protocol):
     capabilities: Capabilities
@@ -267,6 +324,7 @@ class World(Protocol):
     hooks: Hooks
     deployments: Deployments
     queue: Queue
+    changes: Changes
 
     async def close(self) -> None: ...
 

@@ -21,6 +21,7 @@ Used by the queues (``treadle.worlds.local``, ``treadle.worlds.nats``,
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import math
 from collections.abc import Awaitable, Callable
@@ -134,6 +135,16 @@ def encode_send(send: messages.Send) -> str:
             size=size, limit=constants.MAX_MESSAGE_BYTES, run_id=send.message.run_id
         )
     return payload
+
+
+def payload_deployment(payload: str) -> str | None:
+    """The ``deployment_id`` an encoded message names (None when none, or unreadable):
+    what ``Queue.backlog`` counts by where the queue keeps only payloads."""
+    try:
+        value = json.loads(payload).get("deployment_id")
+    except (ValueError, AttributeError):
+        return None
+    return value if isinstance(value, str) else None
 
 
 def clamp_redeliver_delay(seconds: float) -> float:

@@ -42,6 +42,7 @@ class PostgresNatsWorld:
         self.hooks: contract.Hooks = storage.hooks
         self.deployments: contract.Deployments = storage.deployments
         self.queue: contract.Queue = queue
+        self.changes: contract.Changes = storage.changes
 
     @classmethod
     async def connect(

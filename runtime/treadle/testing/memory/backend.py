@@ -40,11 +40,15 @@ class MemoryBackend:
         self.deployments: dict[str, records.DeploymentRecord] = {}
         self.stats = QueueStats()
         self.queue = MessageQueue(self.stats, rng, self._run_spec_version)
-        self.feeds = Feeds(self._read_after)
+        self.feeds = Feeds(self._read_after, self._head)
 
     def _run_spec_version(self, run_id: str) -> int | None:
         state = self.store.runs.get(run_id)
         return None if state is None else state.record.spec_version
+
+    def _head(self, run_id: str) -> tuple[int, str]:
+        state = self.store.run(run_id)
+        return len(state.log), state.record.deployment_id
 
     def _read_after(self, run_id: str, after_slot: int) -> list[events.LoggedEvent]:
         return [s.read() for s in self.store.run(run_id).log[after_slot:]]

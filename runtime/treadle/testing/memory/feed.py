@@ -8,7 +8,10 @@ is passed to the subscriber's ``on_error`` and delivery goes on.
 
 ``Feeds.drop`` is the simulation's "the live feed dropped": every subscription
 (of a run) hears ``on_error(ConnectionError)`` and is closed, as a real feed
-whose connection broke.
+whose connection broke; every watch of the world-wide changes feed
+(``MemoryChanges.watch``) hears ``on_resync()``, as a real feed that reconnected.
+Every commit is also reported to those watches (``treadle.world.changefeed``),
+read from the log's head at commit time.
 
 Owned by ``backend.MemoryBackend``; ``storage.MemoryEvents.subscribe`` opens
 subscriptions.
@@ -20,11 +23,13 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from treadle.world import contract, events
+from treadle.world import changefeed, contract, events
 
 log = logging.getLogger("treadle.testing.memory.feed")
 
 ReadAfter = Callable[[str, int], list[events.LoggedEvent]]
+# A run's head: its highest slot and its deployment.
+Head = Callable[[str], tuple[int, str]]
 
 
 class Subscription:
@@ -90,9 +95,11 @@ class Subscription:
 class Feeds:
     """Subscriptions by run, for one backend (every MemoryWorld over it)."""
 
-    def __init__(self, read_after: ReadAfter) -> None:
+    def __init__(self, read_after: ReadAfter, head: Head) -> None:
         self.read_after = read_after
+        self._head = head
         self._by_run: dict[str, list[Subscription]] = {}
+        self.watchers = changefeed.Watchers()
 
     def subscribe(
         self,
@@ -116,6 +123,10 @@ class Feeds:
         """The run's log grew: every subscriber of it reads its tail soon."""
         for sub in list(self._by_run.get(run_id, ())):
             sub.schedule()
+        if self.watchers:
+            slot, deployment_id = self._head(run_id)
+            created = deployment_id if slot == 1 else None
+            self.watchers.report(contract.RunChanged(run_id, slot, created))
 
     def subscriptions(self, run_id: str | None = None) -> list[Subscription]:
         if run_id is not None:
@@ -127,4 +138,25 @@ class Feeds:
         dropped = self.subscriptions(run_id)
         for sub in dropped:
             sub.fail(ConnectionError(f"memory World: the live feed of run {sub.run_id} dropped"))
+        self.watchers.resync()
         return len(dropped)
+
+
+class MemoryChanges:
+    """One MemoryWorld's world-wide changes feed (``contract.Changes``)."""
+
+    def __init__(self, feeds: Feeds) -> None:
+        self._feeds = feeds
+        self.watches: list[changefeed.Watch] = []
+
+    async def watch(
+        self, on_change: contract.ChangeCallback, on_resync: contract.ResyncCallback
+    ) -> changefeed.Watch:
+        watch = self._feeds.watchers.add(on_change, on_resync)
+        self.watches = [w for w in self.watches if not w.closed] + [watch]
+        return watch
+
+    def close(self) -> None:
+        for watch in self.watches:
+            watch.close()
+        self.watches.clear()

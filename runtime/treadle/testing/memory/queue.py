@@ -427,3 +427,13 @@ class MessageQueue:
 
     def queued(self) -> int:
         return len(self.ready) + len(self.leased)
+
+    def backlog(self, kind: str, deployment_id: str) -> int:
+        """Due ``kind`` messages for ``deployment_id``: ready and due, or in flight."""
+        now = clock.monotonic()
+        waiting = [e for e in self.ready.values() if e.due <= now]
+        return sum(
+            1
+            for e in [*waiting, *self.leased.values()]
+            if e.kind == kind and queuerules.payload_deployment(e.payload) == deployment_id
+        )

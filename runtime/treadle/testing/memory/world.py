@@ -22,6 +22,7 @@ from treadle.testing.memory import points as fault_points
 from treadle.testing.memory import storage
 from treadle.testing.memory.backend import MemoryBackend
 from treadle.testing.memory.consumer import MemoryConsumer
+from treadle.testing.memory.feed import MemoryChanges
 from treadle.world import contract, messages, queuerules
 
 CAPABILITIES = contract.Capabilities(
@@ -75,6 +76,10 @@ class MemoryQueue:
     ) -> contract.Consumer:
         return await self.consume_memory(handlers, concurrency=concurrency)
 
+    async def backlog(self, kind: messages.MessageKind, deployment_id: str) -> int:
+        """Due ``kind`` messages for ``deployment_id``, waiting or in flight."""
+        return self._backend.queue.backlog(kind, deployment_id)
+
     async def consume_memory(
         self,
         handlers: Mapping[messages.MessageKind, contract.Handler],
@@ -123,6 +128,8 @@ class MemoryWorld:
             self.backend, self.points
         )
         self.queue: contract.Queue = self.memory_queue
+        self.memory_changes = MemoryChanges(self.backend.feeds)
+        self.changes: contract.Changes = self.memory_changes
         self.closed = False
 
     async def open(self) -> MemoryWorld:
@@ -152,6 +159,7 @@ class MemoryWorld:
         for sub in self.memory_events.subscriptions:
             sub.close()
         self.memory_events.subscriptions.clear()
+        self.memory_changes.close()
 
     async def __aenter__(self) -> MemoryWorld:
         return await self.open()

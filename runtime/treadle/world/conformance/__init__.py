@@ -27,4 +27,5 @@ pytest.register_assert_rewrite(
     "treadle.world.conformance.storage_views",
     "treadle.world.conformance.queue",
     "treadle.world.conformance.queue_gating",
+    "treadle.world.conformance.changes",
 )

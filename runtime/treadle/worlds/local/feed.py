@@ -10,6 +10,10 @@ been handed, or events committed before it subscribed) it reads the missing
 slots from the log. Callbacks run on the event loop; an exception in one is
 passed to the subscriber's ``on_error`` and delivery goes on.
 
+The world-wide changes feed (``watch``, ``contract.Changes``) hears every
+commit of this process's writers as they publish it (no read), and a resync
+whenever the watcher sees that another process committed (it cannot tell what).
+
 Called by ``storage.LocalEvents``.
 """
 
@@ -19,7 +23,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 
-from treadle.world import contract, events, records
+from treadle.world import changefeed, contract, events, records
 
 log = logging.getLogger("treadle.worlds.local.feed")
 
@@ -117,6 +121,7 @@ class Feed:
         self._external_writes = external_writes
         self._by_run: dict[str, list[Subscription]] = {}
         self._watcher: asyncio.Task[None] | None = None
+        self.watchers = changefeed.Watchers()
 
     def subscribe(
         self,
@@ -127,11 +132,22 @@ class Feed:
     ) -> Subscription:
         sub = Subscription(self, run_id, after_slot, on_event, on_error)
         self._by_run.setdefault(run_id, []).append(sub)
+        self._start_watcher()
+        return sub
+
+    async def watch(
+        self, on_change: contract.ChangeCallback, on_resync: contract.ResyncCallback
+    ) -> changefeed.Watch:
+        """Every run's changes (``contract.Changes.watch``)."""
+        watch = self.watchers.add(on_change, on_resync)
+        self._start_watcher()
+        return watch
+
+    def _start_watcher(self) -> None:
         if self._watcher is None or self._watcher.done():
             self._watcher = asyncio.get_running_loop().create_task(
                 self._watch(), name="treadle-feed-watcher"
             )
-        return sub
 
     def remove(self, sub: Subscription) -> None:
         subs = self._by_run.get(sub.run_id)
@@ -143,10 +159,11 @@ class Feed:
     def publish(self, run_id: str, committed: list[events.LoggedEvent]) -> None:
         for sub in list(self._by_run.get(run_id, ())):
             sub.offer(committed)
+        self.watchers.committed(run_id, committed)
 
     async def _watch(self) -> None:
         """While anyone subscribes: every half second, did another process commit?"""
-        while self._by_run:
+        while self._by_run or self.watchers:
             await asyncio.sleep(EXTERNAL_WRITE_POLL_SECONDS)
             try:
                 changed = await self._external_writes()
@@ -154,11 +171,13 @@ class Feed:
                 log.warning("cannot tell whether another process wrote: %s", exc)
                 changed = True  # read the tails; their failures reach the subscribers
             if changed:
+                self.watchers.resync()
                 for subs in list(self._by_run.values()):
                     for sub in list(subs):
                         sub.external_writes()
 
     def close(self) -> None:
+        self.watchers.close()
         for subs in list(self._by_run.values()):
             for sub in list(subs):
                 sub.close()

@@ -289,6 +289,17 @@ def recover(conn: sqlite3.Connection) -> None:
         )
 
 
+def backlog(conn: sqlite3.Connection, kind: str, deployment_id: str) -> int:
+    """Due ``kind`` messages for ``deployment_id``: ready and due, or leased."""
+    row = conn.execute(
+        "SELECT COUNT(*) FROM queue_messages WHERE kind = ? "
+        "AND (state = 'leased' OR available_at <= ?) "
+        "AND json_extract(payload, '$.deployment_id') = ?",
+        (kind, now_us(), deployment_id),
+    ).fetchone()
+    return int(row[0])
+
+
 def _ready(conn: sqlite3.Connection, message_id: str, available_at: int) -> None:
     conn.execute(
         "UPDATE queue_messages SET state = 'ready', available_at = ?, lease_token = NULL, "
@@ -353,6 +364,11 @@ class LocalQueue:
         results = await self.db.call(functools.partial(send_many, sends=prepared))
         self._wake()
         return results
+
+    async def backlog(self, kind: messages.MessageKind, deployment_id: str) -> int:
+        return await self.db.call(
+            functools.partial(backlog, kind=kind, deployment_id=deployment_id)
+        )
 
     async def dead_letters(self, *, limit: int = 100) -> list[records.DeadLetter]:
         return await self.db.call(functools.partial(deadletters.listing, limit=limit))

@@ -42,6 +42,7 @@ class LocalWorld:
         self.deployments: contract.Deployments = storage.LocalDeployments(db)
         self.local_queue = queue.LocalQueue(db, self.tuning)
         self.queue: contract.Queue = self.local_queue
+        self.changes: contract.Changes = self.feed
         return self
 
     async def _list_page(self, run_id: str, after_slot: int) -> records.EventPage:

@@ -241,10 +241,13 @@ class NatsQueue:
     async def drop_dead_letter(self, message_id: str) -> None:
         await deadletters.drop(self, message_id)
 
-    async def pending(self, kind: messages.MessageKind, deployment_id: str) -> int:
-        """``kind`` messages of ``deployment_id`` not yet finished (for scaling workers)."""
+    async def backlog(self, kind: messages.MessageKind, deployment_id: str) -> int:
+        """``kind`` messages of ``deployment_id`` not yet finished (``contract.Queue.backlog``):
+        its durable consumer's waiting plus in flight, 0 before it first consumed."""
         name = self.names.consumer(kind, deployment_id)
         return await jetstream.consumer_backlog(self.nc, self.names, name)
+
+    pending = backlog  # the name tests/nats/test_nats_backlog.py knows
 
     def forget(self, consumer: NatsConsumer) -> None:
         if consumer in self.consumers:

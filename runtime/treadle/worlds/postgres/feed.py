@@ -18,6 +18,12 @@ The listener connection is checked every ``HEARTBEAT_SECONDS``; when it is lost
 ``subscribe`` opens a new listener. Callbacks run on the event loop; an
 exception in ``on_event`` is passed to ``on_error`` and delivery goes on.
 
+The world-wide changes feed (``watch``, ``contract.Changes``) is the same
+connection: every notification is reported as ``RunChanged(run_id, slot)``
+(the payload ``run_id:slot`` is parsed here and nowhere else). While anyone
+watches, a lost listener is reopened every ``RECONNECT_SECONDS`` and each watch
+hears ``on_resync()`` once it is back.
+
 Called by ``storage.PostgresEvents``.
 """
 
@@ -32,7 +38,7 @@ from typing import Any
 import asyncpg
 
 from treadle import errors
-from treadle.world import contract, events, records
+from treadle.world import changefeed, contract, events, records
 from treadle.worlds.postgres.database import DRIVER_ERRORS, describe, map_error
 
 log = logging.getLogger("treadle.worlds.postgres.feed")
@@ -41,6 +47,7 @@ CHANNEL = "treadle_events"
 LISTENER_APPLICATION_NAME = "treadle-listener"
 HEARTBEAT_SECONDS = 15.0
 HEARTBEAT_TIMEOUT_SECONDS = 10.0
+RECONNECT_SECONDS = 2.0
 
 ListPage = Callable[[str, int], Awaitable[records.EventPage]]
 
@@ -159,6 +166,8 @@ class Feed:
         self._conn: Any = None
         self._heartbeat: asyncio.Task[None] | None = None
         self._closed = False
+        self.watchers = changefeed.Watchers()
+        self._reconnect: asyncio.Task[None] | None = None
 
     def subscribe(
         self,
@@ -172,6 +181,33 @@ class Feed:
         sub = Subscription(self, run_id, after_slot, on_event, on_error)
         self._by_run.setdefault(run_id, []).append(sub)
         return sub
+
+    async def watch(
+        self, on_change: contract.ChangeCallback, on_resync: contract.ResyncCallback
+    ) -> changefeed.Watch:
+        """Every run's changes (``contract.Changes.watch``), once the listener is open."""
+        if self._closed:
+            raise errors.StorageUnavailable(f"the live feed of {describe(self._dsn)} is closed")
+        watch = self.watchers.add(on_change, on_resync)
+        try:
+            await self.listening()
+        except BaseException:
+            watch.close()
+            raise
+        return watch
+
+    async def _reconnect_forever(self) -> None:
+        """While anyone watches: reopen a lost listener, then tell the watchers to resync."""
+        while not self._closed and self.watchers:
+            await asyncio.sleep(RECONNECT_SECONDS)
+            try:
+                await self.listening()
+            except errors.WorldError as exc:
+                log.warning("the live feed cannot reconnect yet: %s", exc)
+                continue
+            log.info("the live feed of %s is back: changes watchers resync", describe(self._dsn))
+            self.watchers.resync()
+            return
 
     def remove(self, sub: Subscription) -> None:
         subs = self._by_run.get(sub.run_id)
@@ -247,10 +283,10 @@ class Feed:
 
     def _on_notify(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
         run_id, _, slot = payload.rpartition(":")
-        subs = self._by_run.get(run_id)
-        if not subs or not slot.isdigit():
+        if not run_id or not slot.isdigit():
             return
-        for sub in list(subs):
+        self.watchers.report(contract.RunChanged(run_id, int(slot)))
+        for sub in list(self._by_run.get(run_id, ())):
             sub.notified(int(slot))
 
     def _on_terminated(self, conn: object) -> None:
@@ -284,9 +320,23 @@ class Feed:
         for subs in list(self._by_run.values()):
             for sub in list(subs):
                 sub.fail(exc)
+        if (
+            self.watchers
+            and not self._closed
+            and (self._reconnect is None or self._reconnect.done())
+        ):
+            self._reconnect = asyncio.get_running_loop().create_task(
+                self._reconnect_forever(), name="treadle-pg-feed-reconnect"
+            )
 
     async def close(self) -> None:
         self._closed = True
+        self.watchers.close()
+        reconnect, self._reconnect = self._reconnect, None
+        if reconnect is not None:
+            reconnect.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reconnect
         for subs in list(self._by_run.values()):
             for sub in list(subs):
                 sub.close()

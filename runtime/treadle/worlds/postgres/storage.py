@@ -299,6 +299,7 @@ class PostgresStorage:
     def __init__(self, db: Database) -> None:
         self._db = db
         self.feed = Feed(db.dsn, self._list_page)
+        self.changes: contract.Changes = self.feed
         self.runs: contract.Runs = PostgresRuns(db, self.feed)
         self.events: contract.Events = PostgresEvents(db, self.feed)
         self.steps: contract.Steps = PostgresSteps(db)
