@@ -102,10 +102,8 @@ class ChangesConformance:
             ]
             try:
                 run_id = await support.started_run(world)
-                for heard in (first, second):
-                    await heard.until(
-                        lambda h=heard: h.head.get(run_id, 0) >= 2, f"run {run_id} at slot 2"
-                    )
+                await first.until(lambda: first.head.get(run_id, 0) >= 2, "slot 2 (first)")
+                await second.until(lambda: second.head.get(run_id, 0) >= 2, "slot 2 (second)")
             finally:
                 for watch in watches:
                     watch.close()
