@@ -19,7 +19,6 @@ from typing import Any
 
 from treadle.world import contract
 from treadle.world.records import RunStatus
-from treadle.worlds.production import PostgresNatsWorld
 from treadle_operator import kube, manifests, models, podsecurity, revisions, transport
 from treadle_operator.conditions import condition, merge_conditions
 from treadle_operator.errors import (
@@ -33,7 +32,7 @@ from treadle_operator.models import (
     WorkflowDeploymentSpec,
     WorkflowDeploymentStatus,
 )
-from treadle_operator.state import Owner, State
+from treadle_operator.state import MIRROR_TTL_SECONDS, Owner, State
 
 log = logging.getLogger("treadle.operator.deployments")
 
@@ -57,20 +56,18 @@ async def active_runs(world: contract.World, deployment_id: str) -> int:
     return total
 
 
-async def steps_replicas(
-    world: PostgresNatsWorld, spec: WorkflowDeploymentSpec, revision: str
-) -> int:
-    """The step workers' replicas: fixed, or from the JetStream pending count when autoscaled."""
+async def steps_replicas(world: contract.World, spec: WorkflowDeploymentSpec, revision: str) -> int:
+    """The step workers' replicas: fixed, or from the queue's step backlog when autoscaled."""
     scale = spec.steps.autoscale
     if scale is None:
         return spec.steps.replicas
-    pending = await world.nats.pending("step", revision)
+    pending = await world.queue.backlog("step", revision)
     wanted = math.ceil(pending / scale.pending_per_replica)
     return max(scale.min_replicas, min(scale.max_replicas, wanted))
 
 
 async def _observe(
-    state: State, namespace: str, world: PostgresNatsWorld, revision: RevisionStatus
+    state: State, namespace: str, world: contract.World, revision: RevisionStatus
 ) -> revisions.Observed:
     states = [
         await state.kube.deployment_state(namespace, manifests.deployment_name(revision.id, role))
@@ -163,7 +160,12 @@ async def reconcile(state: State, body: dict[str, Any]) -> None:
                     transport_keys=state.worlds.transport_keys(namespace, spec.world),
                 )
             )
-        state.owners[revision_id] = Owner(namespace, name, spec.mirror_runs)
+        state.owners[revision_id] = Owner(
+            namespace,
+            name,
+            spec.mirror_runs,
+            _mirror_ttl(spec.mirror_runs_ttl_seconds_after_finished),
+        )
     for revision_id in plan.retire:
         for role in manifests.ROLES:
             await state.kube.delete_deployment(
@@ -199,6 +201,10 @@ async def reconcile(state: State, body: dict[str, Any]) -> None:
     await _record(state, body, status, final)
     for change in plan.changes:
         await state.kube.event(body, "Revision", change)
+
+
+def _mirror_ttl(seconds: int | None) -> int:
+    return MIRROR_TTL_SECONDS if seconds is None else seconds
 
 
 def _rollout(

@@ -28,7 +28,7 @@ async def run(namespaces: Sequence[str] = ()) -> None:
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
         logging.getLogger("kopf.activities").setLevel(logging.WARNING)
     client = kube.Kube(await kube.login())
-    sync = StatusSync(client)
+    sync = StatusSync(client, interval=settings.TREADLE_OPERATOR_STATUS_INTERVAL_SECONDS)
     worlds = Worlds(
         client,
         on_opened=sync.listen,
@@ -39,6 +39,7 @@ async def run(namespaces: Sequence[str] = ()) -> None:
     )
 
     sync.on_new_run = functools.partial(runs.mirror, state)
+    sync.mirrors = functools.partial(runs.mirrors, state)
     registry = handlers.build_registry(state)
     log.info(
         "treadle operator serving %s", ", ".join(namespaces) if namespaces else "every namespace"

@@ -136,6 +136,13 @@ class WorkflowDeploymentSpec(_Model):
     mirror_runs: bool = Field(
         default=False, description="show runs started from code as WorkflowRun objects"
     )
+    mirror_runs_ttl_seconds_after_finished: int | None = Field(
+        default=None,
+        ge=0,
+        alias="mirrorRunsTTLSecondsAfterFinished",
+        description="seconds a mirrored WorkflowRun is kept after its run finished "
+        "(its ttlSecondsAfterFinished); unset: one day (docs/operator-status-sync.md)",
+    )
 
 
 class RevisionStatus(_Model):

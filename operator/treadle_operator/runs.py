@@ -33,9 +33,8 @@ from treadle import errors as engine_errors
 from treadle import limits, payloads
 from treadle.client import start_run
 from treadle.sdk import catalogue, functions
-from treadle.world import events
+from treadle.world import contract, events
 from treadle.world.records import RunRecord
-from treadle.worlds.production import PostgresNatsWorld
 from treadle_operator import binding, models, runstatus
 from treadle_operator.conditions import condition, merge_conditions
 from treadle_operator.errors import WorldUnavailable
@@ -102,7 +101,7 @@ async def waiting(state: State, body: dict[str, Any], exc: NotYet) -> None:
 
 async def world_of(
     state: State, namespace: str, deployment: str
-) -> tuple[PostgresNatsWorld, dict[str, Any]]:
+) -> tuple[contract.World, dict[str, Any]]:
     """The World of a WorkflowDeployment, and the object; ``NotYet`` when either is missing."""
     wfd = await state.kube.get("workflowdeployments", namespace, deployment)
     if wfd is None:
@@ -160,7 +159,12 @@ async def start(state: State, body: dict[str, Any]) -> None:
                 await refuse(state, body, foreign)
                 return
         if adopting:
-            await _patch(state, body, status)
+            # A mirror's first status (run id, phase, labels) is written by the sync's
+            # first refresh, in one patch (R5 (e)).
+            state.sync.track(
+                status.run_id, world, body, status, payloads.active(), shown=_status(body)
+            )
+            return
         state.sync.track(status.run_id, world, body, status, payloads.active())
         return
 
@@ -220,7 +224,7 @@ async def start(state: State, body: dict[str, Any]) -> None:
 
 async def adopt(
     state: State,
-    world: PostgresNatsWorld,
+    world: contract.World,
     body: dict[str, Any],
     wfd: dict[str, Any],
     run: RunRecord,
@@ -307,7 +311,7 @@ def refusal(served: Any, spec: WorkflowRunSpec, revision: str) -> tuple[str, str
 
 async def _record_run(
     state: State,
-    world: PostgresNatsWorld,
+    world: contract.World,
     body: dict[str, Any],
     spec: WorkflowRunSpec,
     run_id: str,
@@ -437,7 +441,16 @@ def expired(body: dict[str, Any], now: datetime) -> bool:
 mirror_name = binding.mirror_name
 
 
-async def mirror(state: State, world: PostgresNatsWorld, run_id: str) -> None:
+def mirrors(state: State, deployment_id: str | None) -> bool:
+    """Would a run created on ``deployment_id`` be mirrored (worth a read)? Unknown
+    (the World did not say): while any WorkflowDeployment mirrors (review R5 (d))."""
+    if deployment_id is None:
+        return any(owner.mirror_runs for owner in state.owners.values())
+    owner = state.owners.get(deployment_id)
+    return owner is not None and owner.mirror_runs
+
+
+async def mirror(state: State, world: contract.World, run_id: str) -> None:
     """Show a run started from code as a WorkflowRun, when its deployment asks for it."""
     try:
         run = await world.runs.get(run_id)
@@ -461,6 +474,7 @@ async def mirror(state: State, world: PostgresNatsWorld, run_id: str) -> None:
             "deployment": owner.name,
             "workflow": run.workflow_name,
             "input": args if args else kwargs,
+            "ttlSecondsAfterFinished": owner.mirror_ttl_seconds,
         },
     }
     try:

@@ -32,4 +32,11 @@ class OperatorSettings(BaseSettings):
         description="comma-separated hosts (host or host:port, '*.suffix' for a domain) the "
         "operator may connect to as a World; empty: any (see docs/operator-security.md)",
     )
+    TREADLE_OPERATOR_STATUS_INTERVAL_SECONDS: float = Field(
+        default=1.0,
+        ge=0,
+        le=600,
+        description="a WorkflowRun's status is patched at most this often, except a change "
+        "of phase, which is patched at once (docs/operator-status-sync.md)",
+    )
     TREADLE_LOG_LEVEL: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"

@@ -10,6 +10,10 @@ from treadle_operator.settings import OperatorSettings
 from treadle_operator.sync import StatusSync
 from treadle_operator.worlds import Worlds
 
+# How long a mirrored WorkflowRun is kept after its run finished, unless its
+# WorkflowDeployment says (``mirrorRunsTTLSecondsAfterFinished``): one day.
+MIRROR_TTL_SECONDS = 86_400
+
 
 @dataclass(frozen=True)
 class Owner:
@@ -18,6 +22,7 @@ class Owner:
     namespace: str
     name: str
     mirror_runs: bool
+    mirror_ttl_seconds: int = MIRROR_TTL_SECONDS  # a mirrored WorkflowRun's TTL
 
 
 @dataclass

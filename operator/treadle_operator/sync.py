@@ -1,20 +1,30 @@
 """WorkflowRun status, kept in step with the event log without polling runs.
 
-Every committed event NOTIFYs ``treadle_events`` with ``run_id:slot`` (see
-``treadle.worlds.postgres.feed``). ``StatusSync`` LISTENs once per World; a
-notification for a run some WorkflowRun tracks marks it dirty, and one
-refresher task folds the new events (``RunView``), reads the run's record,
-and patches the object's status when it changed, posting an Event when the
-phase does. Nothing else is read: a quiet run costs nothing.
+``StatusSync`` watches each World's changes feed (``contract.Changes``: "run X
+has events up to slot N", world-wide) once per World. A report for a run some
+WorkflowRun tracks marks it dirty, and one refresher task folds the new events
+(``RunView``), reads the run's record, and patches the object's status when it
+changed, posting an Event when the phase does. Nothing else is read: a quiet
+run costs nothing. Status patches are paced (``debounce``): a phase change at
+once, anything else at most once per interval per object, the pending change
+written when the interval is up, so the final status is exact.
 
-When a LISTEN connection is lost, every tracked run on that World is marked
-dirty once it is back, so a notification missed in between loses nothing.
-The same catch-up runs for each run when the operator starts (kopf lists the
-objects, ``track`` marks them dirty).
+When the World says reports may have been missed (``on_resync``: its feed was
+lost and is back), every tracked run on that World is marked dirty. The same
+catch-up runs for each run when the operator starts (kopf lists the objects,
+``track`` marks them dirty).
 
-A notification at slot 1 for a run nobody tracks is a run started elsewhere:
-when its revision's WorkflowDeployment asks for ``mirrorRuns``, ``on_new_run``
-makes a WorkflowRun for it.
+A creation report for a run nobody tracks is a run started elsewhere: it is
+handed to ``on_new_run`` (which may mirror it as a WorkflowRun) only when
+``mirrors(deployment_id)`` says some WorkflowDeployment of that deployment has
+``mirrorRuns`` (review R5 (d)); a World that does not name the deployment in
+the report (Postgres) is asked only while some deployment mirrors at all.
+
+The operator speaks to the World only through ``treadle.world.contract`` here
+(architecture review item 1), so this logic runs on the local World in tests
+(``tests/operator/test_sync_local.py``). Kubernetes is reached through a
+``StatusSink`` (``kube.Kube`` is one). When a World object is replaced (its
+Secret rotated), ``repoint`` moves the runs tracked on the old one.
 """
 
 from __future__ import annotations
@@ -24,47 +34,71 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
-
-import asyncpg
+from typing import Any, Protocol
 
 from treadle import errors as engine_errors
 from treadle import payloads
-from treadle.worlds.postgres.feed import CHANNEL
-from treadle.worlds.production import PostgresNatsWorld
-from treadle_operator import models, runstatus
-from treadle_operator.kube import Kube
+from treadle.world import contract
+from treadle_operator import debounce, models, runstatus
 from treadle_operator.models import WorkflowRunStatus
 from treadle_operator.progress import RunView, status_of
-from treadle_operator.worlds import WorldUrls
 
 log = logging.getLogger("treadle.operator.sync")
 
 RECONNECT_SECONDS = 2.0
-HEARTBEAT_SECONDS = 10.0
+PLURAL = "workflowruns"
 
-OnNewRun = Callable[[PostgresNatsWorld, str], Awaitable[None]]
+OnNewRun = Callable[[contract.World, str], Awaitable[None]]
+Mirrors = Callable[[str | None], bool]
+
+
+class StatusSink(Protocol):
+    """Where StatusSync writes (``kube.Kube``; a test may record instead)."""
+
+    async def patch_status(
+        self, plural: str, namespace: str, name: str, status: dict[str, Any]
+    ) -> bool: ...
+
+    async def patch_labels(
+        self, plural: str, namespace: str, name: str, labels: dict[str, str | None]
+    ) -> bool: ...
+
+    async def event(
+        self, obj: dict[str, Any], reason: str, message: str, *, warning: bool = False
+    ) -> None: ...
 
 
 @dataclass
 class Tracked:
     namespace: str
     name: str
-    world: PostgresNatsWorld
-    status: WorkflowRunStatus
+    world: contract.World
+    status: WorkflowRunStatus  # what the next status is built on
+    shown: WorkflowRunStatus  # what the object's status says (last patched)
     view: RunView = field(default_factory=RunView)
     body: dict[str, Any] = field(default_factory=dict)
     keys: payloads.KeyRing | None = None  # the deployment's payload keys, to show output
 
 
 class StatusSync:
-    def __init__(self, kube: Kube, on_new_run: OnNewRun | None = None) -> None:
-        self._kube = kube
+    def __init__(
+        self,
+        sink: StatusSink,
+        on_new_run: OnNewRun | None = None,
+        *,
+        interval: float = debounce.DEFAULT_INTERVAL_SECONDS,
+        mirrors: Mirrors | None = None,
+    ) -> None:
+        self._sink = sink
         self.on_new_run = on_new_run
+        self.mirrors = mirrors
+        self._pacer = debounce.Pacer(interval)
         self._runs: dict[str, Tracked] = {}
         self._dirty: set[str] = set()
+        self._later: dict[str, asyncio.TimerHandle] = {}
         self._wake = asyncio.Event()
-        self._listeners: dict[WorldUrls, asyncio.Task[None]] = {}
+        self._watches: dict[int, tuple[contract.World, contract.Subscription | None]] = {}
+        self._watching: set[asyncio.Task[None]] = set()
         self._refresher: asyncio.Task[None] | None = None
         self._closed = False
 
@@ -73,21 +107,37 @@ class StatusSync:
     def track(
         self,
         run_id: str,
-        world: PostgresNatsWorld,
+        world: contract.World,
         body: dict[str, Any],
         status: WorkflowRunStatus,
         keys: payloads.KeyRing | None = None,
+        *,
+        shown: WorkflowRunStatus | None = None,
     ) -> None:
-        """Keep this WorkflowRun's status in step with ``run_id`` (refreshing it now)."""
+        """Keep this WorkflowRun's status in step with ``run_id`` (refreshing it now).
+
+        ``status`` is what the next status builds on; ``shown`` what the object's
+        status says now when that differs (not yet patched), so the first refresh
+        writes both at once.
+        """
         meta = body.get("metadata", {})
         known = self._runs.get(run_id)
         if known is None:
             self._runs[run_id] = Tracked(
-                meta["namespace"], meta["name"], world, status, body=body, keys=keys
+                meta["namespace"],
+                meta["name"],
+                world,
+                status,
+                shown if shown is not None else status,
+                body=body,
+                keys=keys,
             )
             self.poke(run_id)
         else:
             known.body = body
+            if known.world is not world:
+                known.world = world
+                self.poke(run_id)
 
     def update_body(self, run_id: str, body: dict[str, Any]) -> None:
         """The object as last seen (Events name it)."""
@@ -98,9 +148,16 @@ class StatusSync:
     def untrack(self, run_id: str) -> None:
         self._runs.pop(run_id, None)
         self._dirty.discard(run_id)
+        self._pacer.forget(run_id)
+        timer = self._later.pop(run_id, None)
+        if timer is not None:
+            timer.cancel()
 
     def tracks(self, run_id: str) -> bool:
         return run_id in self._runs
+
+    def tracked(self, run_id: str) -> Tracked | None:
+        return self._runs.get(run_id)
 
     def poke(self, run_id: str) -> None:
         self._dirty.add(run_id)
@@ -110,75 +167,83 @@ class StatusSync:
                 self._refresh_forever(), name="treadle-operator-status-sync"
             )
 
-    # -- listening ---------------------------------------------------------------------------
+    def _poke_world(self, world: contract.World) -> None:
+        for run_id, tracked in self._runs.items():
+            if tracked.world is world:
+                self.poke(run_id)
 
-    async def listen(self, urls: WorldUrls, world: PostgresNatsWorld) -> None:
-        """LISTEN on this World's notifications (once per World)."""
-        if urls in self._listeners or self._closed:
+    # -- watching ----------------------------------------------------------------------------
+
+    async def listen(self, _where: object, world: contract.World) -> None:
+        """``Worlds``' ``on_opened`` hook: watch this World (``_where`` names it in logs)."""
+        await self.watch(world)
+
+    async def watch(self, world: contract.World) -> None:
+        """Watch this World's changes (once per World object), retrying until it works."""
+        if id(world) in self._watches or self._closed:
             return
-        ready = asyncio.get_running_loop().create_future()
-        self._listeners[urls] = asyncio.get_running_loop().create_task(
-            self._listen_forever(urls, world, ready), name=f"treadle-operator-listen {urls}"
-        )
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(asyncio.shield(ready), 10)
+        self._watches[id(world)] = (world, None)
+        try:
+            await self._subscribe(world)
+        except engine_errors.WorldError as exc:
+            log.warning("cannot watch the World's changes yet: %s; retrying", exc)
+            task = asyncio.get_running_loop().create_task(
+                self._subscribe_until_up(world), name="treadle-operator-watch"
+            )
+            self._watching.add(task)
+            task.add_done_callback(self._watching.discard)
 
-    async def _listen_forever(
-        self, urls: WorldUrls, world: PostgresNatsWorld, ready: asyncio.Future[None]
-    ) -> None:
-        first = True
-        while not self._closed:
-            lost = asyncio.get_running_loop().create_future()
+    async def _subscribe(self, world: contract.World) -> None:
+        def on_change(change: contract.RunChanged) -> None:
+            self._changed(world, change)
 
-            def on_notify(_c: object, _p: int, _ch: str, payload: str) -> None:
-                run_id, _, slot = payload.rpartition(":")
-                if run_id in self._runs:
-                    self.poke(run_id)
-                elif slot == "1" and self.on_new_run is not None:
-                    task = asyncio.get_running_loop().create_task(self._new_run(world, run_id))
-                    task.add_done_callback(_log_failure)
+        def on_resync() -> None:
+            log.info("the World's changes feed is back: refreshing every tracked run")
+            self._poke_world(world)
 
-            def on_lost(_c: object, lost: asyncio.Future[None] = lost) -> None:
-                if not lost.done():
-                    lost.set_result(None)
+        sub = await world.changes.watch(on_change, on_resync)
+        if self._closed or id(world) not in self._watches:
+            sub.close()
+            return
+        self._watches[id(world)] = (world, sub)
 
-            try:
-                conn = await asyncpg.connect(
-                    urls.database_url, server_settings={"application_name": "treadle-operator"}
-                )
-            except (OSError, asyncpg.PostgresError) as exc:
-                log.warning("cannot LISTEN on %s: %s; retrying", urls, exc)
-                await asyncio.sleep(RECONNECT_SECONDS)
-                continue
-            try:
-                conn.add_termination_listener(on_lost)
-                await conn.add_listener(CHANNEL, on_notify)
-                if not first:
-                    log.info("LISTEN on %s is back: refreshing every tracked run", urls)
-                for run_id, tracked in self._runs.items():
-                    if tracked.world is world:
-                        self.poke(run_id)
-                first = False
-                if not ready.done():
-                    ready.set_result(None)
-                while not lost.done():
-                    done, _ = await asyncio.wait({lost}, timeout=HEARTBEAT_SECONDS)
-                    if done:
-                        break
-                    try:
-                        await conn.execute("SELECT 1", timeout=HEARTBEAT_SECONDS)
-                    except (OSError, asyncpg.PostgresError, TimeoutError):
-                        break
-                log.warning("lost LISTEN on %s; reconnecting", urls)
-            except (OSError, asyncpg.PostgresError) as exc:
-                log.warning("LISTEN on %s failed: %s; reconnecting", urls, exc)
-            finally:
-                conn.terminate()
+    async def _subscribe_until_up(self, world: contract.World) -> None:
+        while not self._closed and id(world) in self._watches:
             await asyncio.sleep(RECONNECT_SECONDS)
+            try:
+                await self._subscribe(world)
+            except engine_errors.WorldError as exc:
+                log.warning("cannot watch the World's changes yet: %s; retrying", exc)
+                continue
+            self._poke_world(world)  # what changed before the watch began
+            return
 
-    async def _new_run(self, world: PostgresNatsWorld, run_id: str) -> None:
+    def _changed(self, world: contract.World, change: contract.RunChanged) -> None:
+        if change.run_id in self._runs:
+            self.poke(change.run_id)
+        elif change.created and self.on_new_run is not None:
+            if self.mirrors is not None and not self.mirrors(change.deployment_id):
+                return  # nobody mirrors this deployment's runs: not even a read
+            task = asyncio.get_running_loop().create_task(self._new_run(world, change.run_id))
+            self._watching.add(task)
+            task.add_done_callback(_log_failure)
+            task.add_done_callback(self._watching.discard)
+
+    async def _new_run(self, world: contract.World, run_id: str) -> None:
         assert self.on_new_run is not None
         await self.on_new_run(world, run_id)
+
+    async def repoint(self, old: contract.World, new: contract.World) -> None:
+        """``old`` was replaced by ``new`` (its Secret rotated): the runs tracked on it
+        follow ``new``, which is watched instead, and are refreshed from it."""
+        entry = self._watches.pop(id(old), None)
+        if entry is not None and entry[1] is not None:
+            entry[1].close()
+        await self.watch(new)
+        for tracked in self._runs.values():
+            if tracked.world is old:
+                tracked.world = new
+        self._poke_world(new)
 
     # -- refreshing --------------------------------------------------------------------------
 
@@ -187,15 +252,24 @@ class StatusSync:
             await self._wake.wait()
             self._wake.clear()
             batch, self._dirty = self._dirty, set()
+            failed: set[str] = set()
             for run_id in batch:
                 try:
                     await self.refresh(run_id)
                 except Exception as exc:  # one run's trouble never stops the others
                     log.warning("cannot refresh the status of run %s: %s", run_id, exc)
-                    self._dirty.add(run_id)
-            if self._dirty:
+                    failed.add(run_id)
+            if failed:  # retried after a pause; runs poked meanwhile are refreshed at once
                 await asyncio.sleep(RECONNECT_SECONDS)
+                self._dirty |= failed
                 self._wake.set()
+            elif self._dirty:
+                self._wake.set()
+
+    def _due(self, run_id: str) -> None:
+        self._later.pop(run_id, None)
+        if run_id in self._runs:
+            self.poke(run_id)
 
     async def refresh(self, run_id: str) -> None:
         tracked = self._runs.get(run_id)
@@ -216,33 +290,57 @@ class StatusSync:
         status = runstatus.present(
             status_of(run, tracked.view, tracked.status, keys=tracked.keys), generation
         )
-        if status == tracked.status:
+        if status == tracked.shown:
+            tracked.status = status
             return
-        before = tracked.status.phase
+        before = tracked.shown.phase
+        loop = asyncio.get_running_loop()
+        wait = self._pacer.delay(run_id, loop.time(), phase_changed=status.phase != before)
+        if wait > 0:
+            if run_id not in self._later:
+                self._later[run_id] = loop.call_later(wait, self._due, run_id)
+            return
+        await self._write(run_id, tracked, status, before)
+
+    async def _write(
+        self, run_id: str, tracked: Tracked, status: WorkflowRunStatus, before: str
+    ) -> None:
+        timer = self._later.pop(run_id, None)
+        if timer is not None:
+            timer.cancel()
         wire = models.dump(status)
-        if not await self._kube.patch_status("workflowruns", tracked.namespace, tracked.name, wire):
+        if not await self._sink.patch_status(PLURAL, tracked.namespace, tracked.name, wire):
             self.untrack(run_id)
             return
-        tracked.status = status
+        self._pacer.patched(run_id, asyncio.get_running_loop().time())
+        tracked.status = tracked.shown = status
         deployment = str((tracked.body.get("spec") or {}).get("deployment") or "")
         labels = runstatus.label_patch(tracked.body, runstatus.labels(deployment, status))
-        if labels and await self._kube.patch_labels(
-            "workflowruns", tracked.namespace, tracked.name, labels
+        if labels and await self._sink.patch_labels(
+            PLURAL, tracked.namespace, tracked.name, labels
         ):
             meta = tracked.body.setdefault("metadata", {})
             merged = {**(meta.get("labels") or {}), **labels}
             meta["labels"] = {k: v for k, v in merged.items() if v is not None}
-        if status.phase != before:
+        # A mirrored run (started from code) gets an Event only when it fails (R5 (e)).
+        if status.phase != before and (not status.mirrored or status.phase == "Failed"):
             message = f"run {run_id} is {status.phase.lower()}"
             if status.error is not None:
                 message += f": {status.error.type}: {status.error.message}"
-            await self._kube.event(
+            await self._sink.event(
                 tracked.body, status.phase, message, warning=status.phase == "Failed"
             )
 
     async def close(self) -> None:
         self._closed = True
-        tasks = [*self._listeners.values()]
+        for timer in self._later.values():
+            timer.cancel()
+        self._later.clear()
+        for _, sub in self._watches.values():
+            if sub is not None:
+                sub.close()
+        self._watches.clear()
+        tasks = [*self._watching]
         if self._refresher is not None:
             tasks.append(self._refresher)
         for task in tasks:
@@ -250,7 +348,6 @@ class StatusSync:
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-        self._listeners.clear()
 
 
 def _log_failure(task: asyncio.Task[None]) -> None:
