@@ -55,6 +55,25 @@ async def test_another_processs_runs_and_events_are_reported(
         watch.close()
 
 
+async def test_a_creation_report_names_the_deployment_without_a_read(
+    storage: PostgresStorage, pg_dsn: str
+) -> None:
+    """Migration 0007: each new run row NOTIFYs treadle_runs with its deployment, so a
+    watcher that mirrors only some deployments never reads a run (review R5 (d))."""
+    heard = Heard()
+    watch = await storage.changes.watch(heard.on_change, heard.on_resync)
+    try:
+        async with await PostgresStorage.connect(pg_dsn, pool_size=2) as other:
+            run = await other.runs.create(
+                workflow_name="wf", input=None, deployment_id="dpl_blue", spec_version=9
+            )
+        await heard.until(lambda: run.run_id in heard.head, "the creation")
+        created = [c for c in heard.changes if c.run_id == run.run_id]
+        assert [(c.slot, c.deployment_id) for c in created] == [(1, "dpl_blue")]  # once
+    finally:
+        watch.close()
+
+
 async def test_a_terminated_listener_reconnects_and_the_watcher_resyncs(
     storage: PostgresStorage, pg_dsn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -20,9 +20,12 @@ exception in ``on_event`` is passed to ``on_error`` and delivery goes on.
 
 The world-wide changes feed (``watch``, ``contract.Changes``) is the same
 connection: every notification is reported as ``RunChanged(run_id, slot)``
-(the payload ``run_id:slot`` is parsed here and nowhere else). While anyone
-watches, a lost listener is reopened every ``RECONNECT_SECONDS`` and each watch
-hears ``on_resync()`` once it is back.
+(the payload ``run_id:slot`` is parsed here and nowhere else). A run's creation
+is reported from ``RUNS_CHANNEL`` instead (migration 0007: ``{"run_id",
+"deployment_id"}`` on each new run row), so it names the deployment; on a
+database without that trigger, from its slot-1 notification, without it. While
+anyone watches, a lost listener is reopened every ``RECONNECT_SECONDS`` and each
+watch hears ``on_resync()`` once it is back.
 
 Called by ``storage.PostgresEvents``.
 """
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from typing import Any
@@ -44,6 +48,8 @@ from treadle.worlds.postgres.database import DRIVER_ERRORS, describe, map_error
 log = logging.getLogger("treadle.worlds.postgres.feed")
 
 CHANNEL = "treadle_events"
+RUNS_CHANNEL = "treadle_runs"
+_HAS_RUNS_TRIGGER = "SELECT EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = 'treadle_runs_created')"
 LISTENER_APPLICATION_NAME = "treadle-listener"
 HEARTBEAT_SECONDS = 15.0
 HEARTBEAT_TIMEOUT_SECONDS = 10.0
@@ -168,6 +174,8 @@ class Feed:
         self._closed = False
         self.watchers = changefeed.Watchers()
         self._reconnect: asyncio.Task[None] | None = None
+        # Creations come from RUNS_CHANNEL (with their deployment) when the trigger exists.
+        self._runs_channel = False
 
     def subscribe(
         self,
@@ -267,6 +275,9 @@ class Feed:
         try:
             conn.add_termination_listener(self._on_terminated)
             await conn.add_listener(CHANNEL, self._on_notify)
+            self._runs_channel = bool(await conn.fetchval(_HAS_RUNS_TRIGGER))
+            if self._runs_channel:
+                await conn.add_listener(RUNS_CHANNEL, self._on_run_created)
             if self._closed:
                 raise errors.StorageUnavailable("the live feed was closed while it connected")
         except BaseException as exc:
@@ -285,9 +296,20 @@ class Feed:
         run_id, _, slot = payload.rpartition(":")
         if not run_id or not slot.isdigit():
             return
-        self.watchers.report(contract.RunChanged(run_id, int(slot)))
+        if slot != "1" or not self._runs_channel:
+            self.watchers.report(contract.RunChanged(run_id, int(slot)))
         for sub in list(self._by_run.get(run_id, ())):
             sub.notified(int(slot))
+
+    def _on_run_created(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
+        try:
+            created = json.loads(payload)
+            run_id, deployment_id = str(created["run_id"]), created.get("deployment_id")
+        except (ValueError, KeyError, TypeError):
+            log.warning("ignoring a malformed %s notification", RUNS_CHANNEL)
+            return
+        deployment = deployment_id if isinstance(deployment_id, str) else None
+        self.watchers.report(contract.RunChanged(run_id, 1, deployment))
 
     def _on_terminated(self, conn: object) -> None:
         if conn is self._conn:
