@@ -17,8 +17,9 @@ catch-up runs for each run when the operator starts (kopf lists the objects,
 A creation report for a run nobody tracks is a run started elsewhere: it is
 handed to ``on_new_run`` (which may mirror it as a WorkflowRun) only when
 ``mirrors(deployment_id)`` says some WorkflowDeployment of that deployment has
-``mirrorRuns`` (review R5 (d)); a World that does not name the deployment in
-the report (Postgres) is asked only while some deployment mirrors at all.
+``mirrorRuns`` (review R5 (d)); every World names the deployment in a creation
+report (Postgres since migration 0007), and one that did not would be asked
+only while some deployment mirrors at all.
 
 The operator speaks to the World only through ``treadle.world.contract`` here
 (architecture review item 1), so this logic runs on the local World in tests
