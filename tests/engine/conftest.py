@@ -97,6 +97,7 @@ class _Lazy:
                 "hooks",
                 "deployments",
                 "queue",
+                "changes",
             ):
                 setattr(self, name, getattr(self._world, name))
         return self._world

@@ -393,6 +393,7 @@ class FaultyWorld:
         self.steps = self.inner.steps
         self.hooks = self.inner.hooks
         self.deployments = self.inner.deployments
+        self.changes = self.inner.changes
 
     async def close(self) -> None:
         await self.inner.close()
