@@ -39,7 +39,7 @@ from typing import Any, Protocol
 
 from treadle import errors as engine_errors
 from treadle import payloads
-from treadle.world import contract
+from treadle.world import contract, events
 from treadle_operator import debounce, models, runstatus
 from treadle_operator.models import WorkflowRunStatus
 from treadle_operator.progress import RunView, status_of
@@ -48,6 +48,9 @@ log = logging.getLogger("treadle.operator.sync")
 
 RECONNECT_SECONDS = 2.0
 PLURAL = "workflowruns"
+# The events that may change a run's phase: a refresh that saw none while a paced
+# patch is pending leaves the reading of the run to that patch.
+PHASE_EVENTS = frozenset({"run_started", *events.RUN_TERMINAL_TYPES})
 
 OnNewRun = Callable[[contract.World, str], Awaitable[None]]
 Mirrors = Callable[[str | None], bool]
@@ -277,12 +280,16 @@ class StatusSync:
         if tracked is None:
             return
         world = tracked.world
+        phase_news = False
         while True:
             page = await world.events.list(run_id, after_slot=tracked.view.after_slot)
             for logged in page.events:
                 tracked.view.apply(logged)
+                phase_news = phase_news or logged.event.type in PHASE_EVENTS
             if not page.has_more or not page.events:
                 break
+        if run_id in self._later and not phase_news:
+            return  # a paced patch is due anyway: it reads the run then
         try:
             run = await world.runs.get(run_id)
         except engine_errors.RunNotFound:
