@@ -169,12 +169,41 @@ async def test_two_hundred_fast_steps_cost_a_bounded_number_of_patches(
         phases = [p["phase"] for p in patches]
         assert phases[-1] == "Completed"
         assert phases.count("Completed") == 1
+        # Progress went out while the run ran (paced, not dropped).
+        assert any(p["phase"] == "Running" and p["steps"]["completed"] > 0 for p in patches)
         # No patch arrives after the final one: the paced timer found nothing to add.
         await asyncio.sleep(0)  # (what was due is already written; nothing is pending)
         assert not sync._later
     finally:
         await sync.close()
         await app.close(grace_seconds=2)
+
+
+async def test_a_change_inside_the_interval_is_written_when_it_is_up_and_exact(
+    world: LocalWorld,
+) -> None:
+    """R5 (a): two step creations right after the first patch make one more patch, no
+    sooner than the interval after the first, holding both; then nothing more."""
+    recorder = Recorder()
+    sync = await _sync(recorder, world, interval=0.5)
+    try:
+        run = await world.runs.create(
+            workflow_name="order", input=None, deployment_id="shop-1", spec_version=9
+        )
+        sync.track(run.run_id, world, _body("o-p"), WorkflowRunStatus(run_id=run.run_id))
+        await recorder.until(lambda: len(recorder.of("o-p")) == 1, "the first status")
+        first_at = time.monotonic()
+        for step in ("s1", "s2"):
+            created = events.StepCreated(correlation_id=step, step_name="add")
+            await world.events.create(run.run_id, created, in_band=False)
+        await recorder.until(lambda: len(recorder.of("o-p")) == 2, "the paced status")
+        assert time.monotonic() - first_at >= 0.5 * 0.9
+        assert recorder.of("o-p")[1]["steps"]["total"] == 2
+        assert recorder.of("o-p")[1]["phase"] == "Pending"
+        assert not sync._later  # nothing left pending
+    finally:
+        await sync.close()
+    assert len(recorder.of("o-p")) == 2
 
 
 async def test_a_failure_is_an_event_even_for_a_mirrored_run_and_completion_is_not(
