@@ -46,8 +46,10 @@ class Trouble:
 
 
 MERGE_PATCH = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
 # The client would send a dict as a JSON *patch*; ours are merge patches.
 _MERGE: dict[str, Any] = {"_content_type": MERGE_PATCH}
+_JSON: dict[str, Any] = {"_content_type": JSON_PATCH}
 
 
 def now() -> str:
@@ -114,9 +116,31 @@ class Kube:
             if current.spec.replicas != wanted["replicas"] or _template_differs(
                 self.api.sanitize_for_serialization(current.spec.template), wanted["template"]
             ):
+                # Replaced, not merged: a key the template dropped (a nodeSelector entry,
+                # a label) must go too (podtemplate).
                 await self.apps.patch_namespaced_deployment(
-                    meta["name"], meta["namespace"], {"spec": wanted}, **_MERGE
+                    meta["name"],
+                    meta["namespace"],
+                    [
+                        {"op": "replace", "path": "/spec/replicas", "value": wanted["replicas"]},
+                        {"op": "replace", "path": "/spec/template", "value": wanted["template"]},
+                    ],
+                    **_JSON,
                 )
+
+    async def scale_deployment(self, namespace: str, name: str, replicas: int) -> bool:
+        """Set only a Deployment's replicas (its pod template stays); ``False`` when it is gone."""
+        try:
+            current = await self.apps.read_namespaced_deployment(name, namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+        if current.spec.replicas != replicas:
+            await self.apps.patch_namespaced_deployment(
+                name, namespace, {"spec": {"replicas": replicas}}, **_MERGE
+            )
+        return True
 
     async def delete_deployment(self, namespace: str, name: str) -> None:
         try:
@@ -286,8 +310,16 @@ def _template_differs(current: Any, wanted: dict[str, Any]) -> bool:
     want_container = wanted["spec"]["containers"][0]
     # securityContext too: an operator upgrade hardens the workers it already runs.
     keys = ("image", "args", "command", "securityContext")
+    # The operator's annotations (podtemplate's hash of the whole template): any change rolls.
+    if _ours(current.get("metadata")) != _ours(wanted.get("metadata")):
+        return True
     if (current.get("spec", {}).get("securityContext") or {}) != (
         wanted["spec"].get("securityContext") or {}
     ):
         return True
     return any(cur_container.get(key) != want_container.get(key) for key in keys)
+
+
+def _ours(meta: Any) -> dict[str, Any]:
+    annotations = (meta or {}).get("annotations") or {}
+    return {k: v for k, v in annotations.items() if k.startswith("treadle.dev/")}
