@@ -149,7 +149,9 @@ class RevisionAction(_Model):
     action: Literal["CancelRuns"] = Field(
         description="CancelRuns: cancel every run of the revision that has not ended"
     )
-    reason: str = Field(default="", max_length=512, description="recorded with each cancel")
+    reason: str | None = Field(
+        default=None, max_length=512, description="recorded with each cancel"
+    )
 
 
 class WorkflowDeploymentSpec(_Model):
