@@ -319,6 +319,7 @@ async def retire_all(state: State, body: dict[str, Any]) -> None:
     meta = body["metadata"]
     spec = WorkflowDeploymentSpec.model_validate(body.get("spec") or {})
     status = models.parse_status(WorkflowDeploymentStatus, body.get("status"))
+    pinned.forget(meta["namespace"], meta["name"])
     try:
         world = await state.worlds.get(meta["namespace"], spec.world)
         for revision in status.revisions:

@@ -273,3 +273,51 @@ def test_rolling_back_to_a_draining_image_reuses_its_revision() -> None:
     assert {r.id: r.phase for r in drained.status.revisions}[bad] == "Retired"
     again = _plan("img:2", drained.status, {good: Observed(ready=True)})
     assert again.created is not None and again.created not in (good, bad)
+
+
+def test_cancel_runs_ends_a_draining_revisions_runs_and_is_refused_once_on_the_latest() -> None:
+    """Item 5 (review §1 "Moving pinned runs"): CancelRuns on a Draining revision cancels
+    every run of it that has not ended, on the World contract (here the memory World); on
+    the Active one it cancels nothing and is reported once, not on every reconcile."""
+    import asyncio
+
+    from treadle.testing.memory import MemoryBackend, MemoryWorld
+
+    async def scenario() -> None:
+        world = await MemoryWorld(MemoryBackend()).open()
+        try:
+            made = {
+                rev: [
+                    (await world.runs.create(
+                        workflow_name="w", input=None, deployment_id=rev, spec_version=9
+                    )).run_id
+                    for _ in range(count)
+                ]
+                for rev, count in (("bad", 2), ("good", 1))
+            }  # fmt: skip
+            status = WorkflowDeploymentStatus(
+                latest_revision="good",
+                revisions=[
+                    RevisionStatus(id="bad", image="i:2", module="m", created_at="t",
+                                   phase="Draining"),
+                    RevisionStatus(id="good", image="i:1", module="m", created_at="t",
+                                   phase="Active"),
+                ],
+            )  # fmt: skip
+            spec = _spec(None, revisions={"bad": {"action": "CancelRuns", "reason": "bad"},
+                                          "good": {"action": "CancelRuns"},
+                                          "gone": {"action": "CancelRuns"}})  # fmt: skip
+            notes = await pinned.act(world, spec, status, namespace="ns", name="unit")
+            assert notes[0] == ("revision bad: 2 pinned run(s) cancelled (bad)", False)
+            assert len(notes) == 2 and notes[1][1] is True
+            assert "revision good is Active and takes new runs" in notes[1][0]
+            for run_id in made["bad"]:
+                assert (await world.runs.get(run_id)).status == "cancelled"
+            assert (await world.runs.get(made["good"][0])).status == "pending"
+            again = await pinned.act(world, spec, status, namespace="ns", name="unit")
+            assert again == [], "nothing left to cancel, and the refusal was reported"
+        finally:
+            pinned.forget("ns", "unit")
+            await world.close()
+
+    asyncio.run(scenario())
