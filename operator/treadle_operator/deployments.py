@@ -32,6 +32,7 @@ from treadle_operator import (
 )
 from treadle_operator.conditions import condition, merge_conditions
 from treadle_operator.errors import (
+    DeploymentRefused,
     WorldHostRefused,
     WorldSecretForbidden,
     WorldSecretMissing,
@@ -183,7 +184,11 @@ async def reconcile(state: State, body: dict[str, Any]) -> None:
                 transport_keys=state.worlds.transport_keys(namespace, spec.world),
             )
             rendered.append(manifest["spec"]["template"]["metadata"]["annotations"][HASH])
-            await state.kube.ensure_deployment(manifest)
+            try:
+                await state.kube.ensure_deployment(manifest)
+            except DeploymentRefused as exc:  # a template field the API server refuses
+                await _refuse(state, body, status, str(exc), reason="InvalidTemplate")
+                return
         if len(rendered) == len(manifests.ROLES):
             hashes[revision_id] = pinned.role_hashes(rendered)
         state.owners[revision_id] = Owner(namespace, name, spec.mirror_runs)

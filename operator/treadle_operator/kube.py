@@ -9,6 +9,7 @@ Every verb used here is listed in ``permissions.OPERATOR_RULES``; a 404 where
 from __future__ import annotations
 
 import base64
+import json
 import logging
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -18,7 +19,7 @@ from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from treadle_operator import models
-from treadle_operator.errors import NotConfigured, WorldSecretForbidden
+from treadle_operator.errors import DeploymentRefused, NotConfigured, WorldSecretForbidden
 
 log = logging.getLogger("treadle.operator.kube")
 
@@ -110,7 +111,7 @@ class Kube:
             log.info("created Deployment %s/%s", meta["namespace"], meta["name"])
         except ApiException as exc:
             if exc.status != 409:
-                raise
+                raise _refused(exc, meta) from None
             current = await self.apps.read_namespaced_deployment(meta["name"], meta["namespace"])
             wanted = manifest["spec"]
             if current.spec.replicas != wanted["replicas"] or _template_differs(
@@ -118,15 +119,26 @@ class Kube:
             ):
                 # Replaced, not merged: a key the template dropped (a nodeSelector entry,
                 # a label) must go too (podtemplate).
-                await self.apps.patch_namespaced_deployment(
-                    meta["name"],
-                    meta["namespace"],
-                    [
-                        {"op": "replace", "path": "/spec/replicas", "value": wanted["replicas"]},
-                        {"op": "replace", "path": "/spec/template", "value": wanted["template"]},
-                    ],
-                    **_JSON,
-                )
+                try:
+                    await self.apps.patch_namespaced_deployment(
+                        meta["name"],
+                        meta["namespace"],
+                        [
+                            {
+                                "op": "replace",
+                                "path": "/spec/replicas",
+                                "value": wanted["replicas"],
+                            },
+                            {
+                                "op": "replace",
+                                "path": "/spec/template",
+                                "value": wanted["template"],
+                            },
+                        ],
+                        **_JSON,
+                    )
+                except ApiException as exc:
+                    raise _refused(exc, meta) from None
 
     async def scale_deployment(self, namespace: str, name: str, replicas: int) -> bool:
         """Set only a Deployment's replicas (its pod template stays); ``False`` when it is gone."""
@@ -323,3 +335,16 @@ def _template_differs(current: Any, wanted: dict[str, Any]) -> bool:
 def _ours(meta: Any) -> dict[str, Any]:
     annotations = (meta or {}).get("annotations") or {}
     return {k: v for k, v in annotations.items() if k.startswith("treadle.dev/")}
+
+
+def _refused(exc: ApiException, meta: dict[str, Any]) -> Exception:
+    """A 400/422 on a worker Deployment as ``DeploymentRefused`` (one line); others as they are."""
+    if exc.status not in (400, 422):
+        return exc
+    try:
+        message = json.loads(exc.body or "{}").get("message") or exc.reason
+    except (ValueError, AttributeError):
+        message = exc.reason
+    return DeploymentRefused(
+        f"the API server refused Deployment {meta['namespace']}/{meta['name']}: {message}"
+    )

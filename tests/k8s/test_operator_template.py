@@ -170,6 +170,17 @@ def test_a_template_reaches_the_workers_and_env_or_resources_changes_roll_them_i
     assert "spec.template.spec.containers[0] (worker) sets command" in accepted["message"]
     assert _pod_template(shop, revision)["spec"]["containers"][0]["command"] == ["treadle"]
 
+    # A field only the API server can judge: its refusal is the condition, in one line.
+    _patch(shop, {"template": {"spec": {"containers": [{"name": "worker"}], "nodeSelector": "x"}}})
+    refused_by_server = wait_for(
+        lambda: (c := refused()) and "the API server refused Deployment" in c["message"] and c,
+        30,
+        what="the API server's refusal as SpecAccepted=False",
+    )
+    assert f"{revision}-" in refused_by_server["message"]
+    assert "nodeSelector" in refused_by_server["message"]
+    assert "\n" not in refused_by_server["message"]
+
 
 def test_draining_is_cheap_rollback_reuses_the_revision_and_cancel_runs_ends_pinned_runs(
     shop: Shop,
