@@ -160,11 +160,9 @@ async def reconcile(state: State, body: dict[str, Any]) -> None:
         revision = by_id[revision_id]
         rendered: list[str] = []
         for role in manifests.ROLES:
-            if not pinned.rolls(revision):  # Draining: its own pod template, fewer replicas
+            draining = not pinned.rolls(revision)
+            if draining:  # its own pod template (see below), fewer replicas (spec.draining)
                 replicas = await pinned.draining_replicas(world, spec, revision_id, role)
-                name_of = manifests.deployment_name(revision_id, role)
-                if await state.kube.scale_deployment(namespace, name_of, replicas):
-                    continue
             elif role == "orchestrator":
                 replicas = spec.orchestrator.replicas
             elif spec.steps.autoscale is not None:
@@ -183,6 +181,8 @@ async def reconcile(state: State, body: dict[str, Any]) -> None:
                 replicas=replicas,
                 transport_keys=state.worlds.transport_keys(namespace, spec.world),
             )
+            if draining and await state.kube.scale_deployment(manifest, pinned.followed(manifest)):
+                continue  # scaled; only the operator's own pod annotations followed
             rendered.append(manifest["spec"]["template"]["metadata"]["annotations"][HASH])
             try:
                 await state.kube.ensure_deployment(manifest)

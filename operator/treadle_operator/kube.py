@@ -117,40 +117,33 @@ class Kube:
             if current.spec.replicas != wanted["replicas"] or _template_differs(
                 self.api.sanitize_for_serialization(current.spec.template), wanted["template"]
             ):
-                # Replaced, not merged: a key the template dropped (a nodeSelector entry,
-                # a label) must go too (podtemplate).
                 try:
                     await self.apps.patch_namespaced_deployment(
-                        meta["name"],
-                        meta["namespace"],
-                        [
-                            {
-                                "op": "replace",
-                                "path": "/spec/replicas",
-                                "value": wanted["replicas"],
-                            },
-                            {
-                                "op": "replace",
-                                "path": "/spec/template",
-                                "value": wanted["template"],
-                            },
-                        ],
-                        **_JSON,
+                        meta["name"], meta["namespace"], replace_ops(wanted), **_JSON
                     )
                 except ApiException as exc:
                     raise _refused(exc, meta) from None
 
-    async def scale_deployment(self, namespace: str, name: str, replicas: int) -> bool:
-        """Set only a Deployment's replicas (its pod template stays); ``False`` when it is gone."""
+    async def scale_deployment(self, manifest: dict[str, Any], follow: dict[str, str]) -> bool:
+        """Set only the manifest's replicas and the pod annotations in ``follow`` on the
+        Deployment (its pod template otherwise stays); ``False`` when it is gone."""
+        meta = manifest["metadata"]
         try:
-            current = await self.apps.read_namespaced_deployment(name, namespace)
+            current = await self.apps.read_namespaced_deployment(meta["name"], meta["namespace"])
         except ApiException as exc:
             if exc.status == 404:
                 return False
             raise
+        replicas = manifest["spec"]["replicas"]
+        annotations = dict(current.spec.template.metadata.annotations or {})
+        patch: dict[str, Any] = {}
         if current.spec.replicas != replicas:
+            patch["replicas"] = replicas
+        if any(annotations.get(k) != v for k, v in follow.items()):
+            patch["template"] = {"metadata": {"annotations": follow}}
+        if patch:
             await self.apps.patch_namespaced_deployment(
-                name, namespace, {"spec": {"replicas": replicas}}, **_MERGE
+                meta["name"], meta["namespace"], {"spec": patch}, **_MERGE
             )
         return True
 
@@ -335,6 +328,16 @@ def _template_differs(current: Any, wanted: dict[str, Any]) -> bool:
 def _ours(meta: Any) -> dict[str, Any]:
     annotations = (meta or {}).get("annotations") or {}
     return {k: v for k, v in annotations.items() if k.startswith("treadle.dev/")}
+
+
+def replace_ops(wanted: dict[str, Any]) -> list[dict[str, Any]]:
+    """A JSON patch replacing the Deployment's replicas and pod template as wholes (a merge
+    patch would keep a key the template dropped: a nodeSelector entry, a label)."""
+    return [
+        {"op": "replace", "path": f"/spec/{key}", "value": wanted[key]}
+        for key in ("replicas", "template")
+        if key in wanted
+    ]
 
 
 def _refused(exc: ApiException, meta: dict[str, Any]) -> Exception:

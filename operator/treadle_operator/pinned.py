@@ -27,12 +27,14 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Iterable
+from typing import Any
 
 from treadle import errors as engine_errors
 from treadle.world import contract, events
 from treadle.world.messages import MessageKind
 from treadle.world.records import RunStatus
 from treadle.worlds.production import PostgresNatsWorld
+from treadle_operator import podtemplate
 from treadle_operator.manifests import Role
 from treadle_operator.models import (
     RevisionStatus,
@@ -82,6 +84,18 @@ async def draining_replicas(world: PostgresNatsWorld, spec: WorkflowDeploymentSp
         return floor
     kind: MessageKind = "orchestrator" if role == "orchestrator" else "step"
     return scaled(await world.nats.pending(kind, revision), floor, ceiling, per_replica)
+
+
+def followed(manifest: dict[str, Any]) -> dict[str, str]:
+    """The operator's own pod annotations a Draining revision still follows: every
+    ``treadle.dev/`` one but the template hash (e.g. a World Secret checksum, so a rotated
+    Secret rolls pinned runs' workers too); the template it keeps."""
+    annotations = manifest["spec"]["template"]["metadata"].get("annotations") or {}
+    return {
+        k: v
+        for k, v in annotations.items()
+        if k.startswith(podtemplate.RESERVED_PREFIX) and k != podtemplate.HASH_ANNOTATION
+    }
 
 
 def with_hashes(

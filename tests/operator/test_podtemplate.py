@@ -321,3 +321,16 @@ def test_cancel_runs_ends_a_draining_revisions_runs_and_is_refused_once_on_the_l
             await world.close()
 
     asyncio.run(scenario())
+
+
+def test_a_draining_revision_follows_only_the_operators_own_pod_annotations() -> None:
+    """Its template stays (no hash followed), but an operator annotation such as a World
+    Secret checksum is followed, so a rotated Secret reaches pinned runs' workers too."""
+    made = manifests.worker_deployment(
+        owner="orders", owner_uid="u", namespace="ns", revision="orders-abc123",
+        image="img:1", module="orders.app", spec=_spec(), role="steps", replicas=0,
+    )  # fmt: skip
+    annotations = made["spec"]["template"]["metadata"]["annotations"]
+    assert pinned.followed(made) == {}
+    annotations["treadle.dev/world-checksum"] = "abc"
+    assert pinned.followed(made) == {"treadle.dev/world-checksum": "abc"}
