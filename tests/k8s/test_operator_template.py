@@ -14,6 +14,7 @@ most pod fields).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -186,7 +187,8 @@ def test_draining_is_cheap_rollback_reuses_the_revision_and_cancel_runs_ends_pin
     shop: Shop,
 ) -> None:
     """Item 5: the old revision drains at draining.replicas (1 orchestrator, 0 step workers)
-    with its own pod template while the new one rolls on an env change; the previous image
+    with its own pod template while the new one rolls on an env change, and a pinned run
+    that wakes there gets a step worker from its backlog; the previous image
     set back is the previous revision (same id, no new revision); CancelRuns cancels the
     runs pinned to the bad revision, which then retires, and is refused on the latest."""
     good = shop.latest()
@@ -194,7 +196,9 @@ def test_draining_is_cheap_rollback_reuses_the_revision_and_cancel_runs_ends_pin
     # it; a field the schema lacks is pruned by the API server).
     _patch(shop, {"retireAfterSeconds": 0})
     shop.start("on-good", "approval", {"order_id": "good"})
-    wait_for(lambda: shop.status("on-good").get("waitingOn"), 60, what="a run waiting on good")
+    shop.start("hold-good", "approval", {"order_id": "hold"})  # keeps good draining throughout
+    for run in ("on-good", "hold-good"):
+        wait_for(lambda: shop.status(run).get("waitingOn"), 60, what=f"{run} waiting")  # noqa: B023
 
     _patch(shop, {"image": "shop:2"})
     bad = wait_for(lambda: (r := shop.latest()) != good and r, 90, what="the new revision")
@@ -218,6 +222,16 @@ def test_draining_is_cheap_rollback_reuses_the_revision_and_cancel_runs_ends_pin
     )
     assert _hash(shop, good) == draining_hash, "a draining revision keeps its pod template"
     assert "GREETING" not in _env(_pod_template(shop, good))
+
+    # The pinned run wakes with no step worker on its revision: its step's backlog starts one.
+    resumed = shop.cli("hooks", "resume", "approve:good", "--payload", '{"approved": true}')
+    assert resumed.returncode == 0, resumed.stderr
+    done = shop.phase("on-good", "Completed", timeout=90)
+    assert done["revision"] == good
+    assert json.loads(done["output"]) == {"approved": True, "before": "shop:1", "after": "shop:1"}
+    wait_for(
+        lambda: _replicas(shop, good)["steps"] == 0 or None, 30, what="steps back to 0, drained"
+    )
 
     shop.start("on-bad", "approval", {"order_id": "bad"})
     assert wait_for(lambda: shop.status("on-bad").get("waitingOn"), 60)
@@ -264,9 +278,5 @@ def test_draining_is_cheap_rollback_reuses_the_revision_and_cancel_runs_ends_pin
         what="the refusal on the latest revision",
     )
     assert any(f"revision {good} is Active and takes new runs" in w for w in warnings)
-    assert shop.status("on-good")["phase"] == "Running", "the latest revision's runs go on"
-
-    resumed = shop.cli("hooks", "resume", "approve:good", "--payload", '{"approved": true}')
-    assert resumed.returncode == 0, resumed.stderr
-    done = shop.phase("on-good", "Completed")
-    assert done["revision"] == good
+    held = shop.status("hold-good")
+    assert (held["phase"], held["revision"]) == ("Running", good), "the latest's runs go on"
