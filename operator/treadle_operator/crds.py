@@ -158,17 +158,17 @@ def manifest(kind: Kind) -> dict[str, Any]:
     }
 
 
-class _NoAliases(yaml.SafeDumper):
-    """A schema node used twice is written twice (no YAML anchors in a CRD)."""
-
-    def ignore_aliases(self, data: Any) -> bool:
-        return True
-
-
 def _yaml(document: dict[str, Any]) -> str:
     return str(
         yaml.dump(document, Dumper=_NoAliases, sort_keys=False, default_flow_style=False, width=100)
     )
+
+
+class _NoAliases(yaml.SafeDumper):
+    """A schema shared by two fields is written out twice, never as a YAML anchor."""
+
+    def ignore_aliases(self, data: object) -> bool:
+        return True
 
 
 def render_plain(kind: Kind) -> str:
