@@ -98,14 +98,18 @@ def structural(schema: dict[str, Any], *, keep_defaults: bool = True) -> dict[st
                 }
             elif key == "items":
                 out[key] = convert(value, defaults)
+            elif key == "const":  # a one-value Literal: CRD schemas know enum, not const
+                out["enum"] = [value]
             elif key == "additionalProperties":
+                if isinstance(value, dict) and "$ref" in value:  # a map of a model's values
+                    out[key] = convert(value, defaults)
                 continue
             else:
                 out[key] = value
         if "type" not in out and "enum" not in out:
             # JsonValue: any JSON at all.
             out["x-kubernetes-preserve-unknown-fields"] = True
-        elif out.get("type") == "object" and "properties" not in out:
+        elif out.get("type") == "object" and not {"properties", "additionalProperties"} & set(out):
             out["x-kubernetes-preserve-unknown-fields"] = True
         return out
 
@@ -155,7 +159,16 @@ def manifest(kind: Kind) -> dict[str, Any]:
 
 
 def _yaml(document: dict[str, Any]) -> str:
-    return str(yaml.safe_dump(document, sort_keys=False, default_flow_style=False, width=100))
+    return str(
+        yaml.dump(document, Dumper=_NoAliases, sort_keys=False, default_flow_style=False, width=100)
+    )
+
+
+class _NoAliases(yaml.SafeDumper):
+    """A schema shared by two fields is written out twice, never as a YAML anchor."""
+
+    def ignore_aliases(self, data: object) -> bool:
+        return True
 
 
 def render_plain(kind: Kind) -> str:

@@ -19,9 +19,19 @@ from typing import Any
 
 from treadle.world import contract
 from treadle.world.records import RunStatus
-from treadle_operator import kube, manifests, models, podsecurity, revisions, transport
+from treadle_operator import (
+    kube,
+    manifests,
+    models,
+    pinned,
+    podsecurity,
+    podtemplate,
+    revisions,
+    transport,
+)
 from treadle_operator.conditions import condition, merge_conditions
 from treadle_operator.errors import (
+    DeploymentRefused,
     WorldHostRefused,
     WorldSecretForbidden,
     WorldSecretMissing,
@@ -35,6 +45,7 @@ from treadle_operator.models import (
 from treadle_operator.state import MIRROR_TTL_SECONDS, Owner, State
 
 log = logging.getLogger("treadle.operator.deployments")
+HASH = podtemplate.HASH_ANNOTATION
 
 ACTIVE_STATUSES: tuple[RunStatus, ...] = ("pending", "running")
 COUNT_LIMIT = 100_000
@@ -98,6 +109,10 @@ async def reconcile(state: State, body: dict[str, Any]) -> None:
     if refused is not None:
         await _refuse(state, body, status, refused)
         return
+    refused = manifests.template_refusal(spec, every_key)
+    if refused is not None:
+        await _refuse(state, body, status, refused, reason="InvalidTemplate")
+        return
     try:
         world = await state.worlds.get(namespace, spec.world)
     except WorldUnavailable as exc:
@@ -137,29 +152,42 @@ async def reconcile(state: State, body: dict[str, Any]) -> None:
         now=kube.now(),
     )
     by_id = {r.id: r for r in plan.status.revisions}
+    hashes: dict[str, str] = {}
     for revision_id in plan.keep:
         revision = by_id[revision_id]
+        rendered: list[str] = []
         for role in manifests.ROLES:
-            if role == "orchestrator":
+            draining = not pinned.rolls(revision)
+            if draining:  # its own pod template (see below), fewer replicas (spec.draining)
+                replicas = await pinned.draining_replicas(world, spec, revision_id, role)
+            elif role == "orchestrator":
                 replicas = spec.orchestrator.replicas
             elif spec.steps.autoscale is not None:
                 replicas = await steps_replicas(world, spec, revision_id)
             else:
                 replicas = spec.steps.replicas
-            await state.kube.ensure_deployment(
-                manifests.worker_deployment(
-                    owner=name,
-                    owner_uid=uid,
-                    namespace=namespace,
-                    revision=revision_id,
-                    image=revision.image,
-                    module=revision.module,
-                    spec=spec,
-                    role=role,
-                    replicas=replicas,
-                    transport_keys=state.worlds.transport_keys(namespace, spec.world),
-                )
+            manifest = manifests.worker_deployment(
+                owner=name,
+                owner_uid=uid,
+                namespace=namespace,
+                revision=revision_id,
+                image=revision.image,
+                module=revision.module,
+                spec=spec,
+                role=role,
+                replicas=replicas,
+                transport_keys=state.worlds.transport_keys(namespace, spec.world),
             )
+            if draining and await state.kube.scale_deployment(manifest, pinned.followed(manifest)):
+                continue  # scaled; only the operator's own pod annotations followed
+            rendered.append(manifest["spec"]["template"]["metadata"]["annotations"][HASH])
+            try:
+                await state.kube.ensure_deployment(manifest)
+            except DeploymentRefused as exc:  # a template field the API server refuses
+                await _refuse(state, body, status, str(exc), reason="InvalidTemplate")
+                return
+        if len(rendered) == len(manifests.ROLES):
+            hashes[revision_id] = pinned.role_hashes(rendered)
         state.owners[revision_id] = Owner(
             namespace,
             name,
@@ -173,6 +201,7 @@ async def reconcile(state: State, body: dict[str, Any]) -> None:
             )
         await world.deployments.retire(revision_id)
         state.owners.pop(revision_id, None)
+    acted = await pinned.act(world, spec, plan.status, namespace=namespace, name=name)
 
     latest = plan.status.latest_revision
     newest = next((r for r in reversed(plan.status.revisions) if r.phase != "Retired"), None)
@@ -195,12 +224,14 @@ async def reconcile(state: State, body: dict[str, Any]) -> None:
             "; ".join(troubles),
         ),
     ]
-    final = plan.status.model_copy(
+    final = pinned.with_hashes(plan.status, hashes).model_copy(
         update={"conditions": merge_conditions(status.conditions, new_conditions)}
     )
     await _record(state, body, status, final)
     for change in plan.changes:
         await state.kube.event(body, "Revision", change)
+    for text, warning in acted:
+        await state.kube.event(body, "RevisionAction", text, warning=warning)
 
 
 def _mirror_ttl(seconds: int | None) -> int:
@@ -243,13 +274,17 @@ def _rollout(
 
 
 async def _refuse(
-    state: State, body: dict[str, Any], status: WorkflowDeploymentStatus, problem: str
+    state: State,
+    body: dict[str, Any],
+    status: WorkflowDeploymentStatus,
+    problem: str,
+    reason: str = "ReservedEnv",
 ) -> None:
     """A spec the operator will not apply: say so once, change nothing else (review M5)."""
     meta = body["metadata"]
     before = next((c for c in status.conditions if c.type == "SpecAccepted"), None)
-    refusal = condition("SpecAccepted", False, "ReservedEnv", problem)
-    rollout = _rollout(None, None, "ReservedEnv", problem)
+    refusal = condition("SpecAccepted", False, reason, problem)
+    rollout = _rollout(None, None, reason, problem)
     kept = {"SpecAccepted", *(c.type for c in rollout)}
     conditions = merge_conditions(status.conditions, [refusal, *rollout]) + [
         c for c in status.conditions if c.type not in kept
@@ -295,6 +330,7 @@ async def retire_all(state: State, body: dict[str, Any]) -> None:
     meta = body["metadata"]
     spec = WorkflowDeploymentSpec.model_validate(body.get("spec") or {})
     status = models.parse_status(WorkflowDeploymentStatus, body.get("status"))
+    pinned.forget(meta["namespace"], meta["name"])
     try:
         world = await state.worlds.get(meta["namespace"], spec.world)
         for revision in status.revisions:

@@ -9,6 +9,7 @@ Every verb used here is listed in ``permissions.OPERATOR_RULES``; a 404 where
 from __future__ import annotations
 
 import base64
+import json
 import logging
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -18,7 +19,7 @@ from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from treadle_operator import models
-from treadle_operator.errors import NotConfigured, WorldSecretForbidden
+from treadle_operator.errors import DeploymentRefused, NotConfigured, WorldSecretForbidden
 
 log = logging.getLogger("treadle.operator.kube")
 
@@ -46,8 +47,10 @@ class Trouble:
 
 
 MERGE_PATCH = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
 # The client would send a dict as a JSON *patch*; ours are merge patches.
 _MERGE: dict[str, Any] = {"_content_type": MERGE_PATCH}
+_JSON: dict[str, Any] = {"_content_type": JSON_PATCH}
 
 
 def now() -> str:
@@ -108,15 +111,41 @@ class Kube:
             log.info("created Deployment %s/%s", meta["namespace"], meta["name"])
         except ApiException as exc:
             if exc.status != 409:
-                raise
+                raise _refused(exc, meta) from None
             current = await self.apps.read_namespaced_deployment(meta["name"], meta["namespace"])
             wanted = manifest["spec"]
             if current.spec.replicas != wanted["replicas"] or _template_differs(
                 self.api.sanitize_for_serialization(current.spec.template), wanted["template"]
             ):
-                await self.apps.patch_namespaced_deployment(
-                    meta["name"], meta["namespace"], {"spec": wanted}, **_MERGE
-                )
+                try:
+                    await self.apps.patch_namespaced_deployment(
+                        meta["name"], meta["namespace"], replace_ops(wanted), **_JSON
+                    )
+                except ApiException as exc:
+                    raise _refused(exc, meta) from None
+
+    async def scale_deployment(self, manifest: dict[str, Any], follow: dict[str, str]) -> bool:
+        """Set only the manifest's replicas and the pod annotations in ``follow`` on the
+        Deployment (its pod template otherwise stays); ``False`` when it is gone."""
+        meta = manifest["metadata"]
+        try:
+            current = await self.apps.read_namespaced_deployment(meta["name"], meta["namespace"])
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+        replicas = manifest["spec"]["replicas"]
+        annotations = dict(current.spec.template.metadata.annotations or {})
+        patch: dict[str, Any] = {}
+        if current.spec.replicas != replicas:
+            patch["replicas"] = replicas
+        if any(annotations.get(k) != v for k, v in follow.items()):
+            patch["template"] = {"metadata": {"annotations": follow}}
+        if patch:
+            await self.apps.patch_namespaced_deployment(
+                meta["name"], meta["namespace"], {"spec": patch}, **_MERGE
+            )
+        return True
 
     async def delete_deployment(self, namespace: str, name: str) -> None:
         try:
@@ -286,8 +315,39 @@ def _template_differs(current: Any, wanted: dict[str, Any]) -> bool:
     want_container = wanted["spec"]["containers"][0]
     # securityContext too: an operator upgrade hardens the workers it already runs.
     keys = ("image", "args", "command", "securityContext")
+    # The operator's annotations (podtemplate's hash of the whole template): any change rolls.
+    if _ours(current.get("metadata")) != _ours(wanted.get("metadata")):
+        return True
     if (current.get("spec", {}).get("securityContext") or {}) != (
         wanted["spec"].get("securityContext") or {}
     ):
         return True
     return any(cur_container.get(key) != want_container.get(key) for key in keys)
+
+
+def _ours(meta: Any) -> dict[str, Any]:
+    annotations = (meta or {}).get("annotations") or {}
+    return {k: v for k, v in annotations.items() if k.startswith("treadle.dev/")}
+
+
+def replace_ops(wanted: dict[str, Any]) -> list[dict[str, Any]]:
+    """A JSON patch replacing the Deployment's replicas and pod template as wholes (a merge
+    patch would keep a key the template dropped: a nodeSelector entry, a label)."""
+    return [
+        {"op": "replace", "path": f"/spec/{key}", "value": wanted[key]}
+        for key in ("replicas", "template")
+        if key in wanted
+    ]
+
+
+def _refused(exc: ApiException, meta: dict[str, Any]) -> Exception:
+    """A 400/422 on a worker Deployment as ``DeploymentRefused`` (one line); others as they are."""
+    if exc.status not in (400, 422):
+        return exc
+    try:
+        message = json.loads(exc.body or "{}").get("message") or exc.reason
+    except (ValueError, AttributeError):
+        message = exc.reason
+    return DeploymentRefused(
+        f"the API server refused Deployment {meta['namespace']}/{meta['name']}: {message}"
+    )

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from treadle_operator import models, podsecurity, transport
+from treadle_operator import models, podsecurity, podtemplate, transport
 from treadle_operator.models import WorkflowDeploymentSpec
 
 Role = Literal["orchestrator", "steps"]
@@ -153,6 +153,24 @@ def worker_deployment(
         "spec": {
             "replicas": replicas,
             "selector": {"matchLabels": {LABEL_REVISION: revision, LABEL_ROLE: role}},
-            "template": {"metadata": {"labels": pod_labels}, "spec": pod_spec},
+            # spec.template merged under what the operator owns, with its hash (podtemplate)
+            "template": podtemplate.merge(
+                {"metadata": {"labels": pod_labels}, "spec": pod_spec}, spec.template
+            ),
         },
     }
+
+
+def template_refusal(
+    spec: WorkflowDeploymentSpec, transport_keys: frozenset[str] = frozenset()
+) -> str | None:
+    """Why ``spec.template`` cannot be merged under the owned pod template, or None."""
+    if spec.template is None:
+        return None
+    bare = spec.model_copy(update={"template": None})
+    owned = worker_deployment(
+        owner="-", owner_uid="-", namespace="-", revision="-", image=spec.image,
+        module=spec.module, spec=bare, role="steps", replicas=0, transport_keys=transport_keys,
+    )["spec"]["template"]  # fmt: skip
+    reserved = podsecurity.reserved_names(operator_env(spec, "-", transport_keys))
+    return podtemplate.refusal(spec.template, owned, reserved)

@@ -100,6 +100,60 @@ class StepsSpec(_Model):
     autoscale: Autoscale | None = None
 
 
+class PodTemplateMetadata(_Model):
+    labels: dict[str, str] | None = Field(
+        default=None, description="more labels on the worker pods (treadle.dev/* is reserved)"
+    )
+    annotations: dict[str, str] | None = Field(
+        default=None,
+        description="more annotations on the worker pods (treadle.dev/* is reserved)",
+    )
+
+
+class PodTemplate(_Model):
+    """A PodTemplateSpec merged under what the operator owns (``podtemplate``)."""
+
+    metadata: PodTemplateMetadata | None = None
+    spec: dict[str, Any] | None = Field(
+        default=None,
+        description="a pod spec (imagePullSecrets, nodeSelector, tolerations, affinity, "
+        "volumes, securityContext, containers...): the container named 'worker' is merged "
+        "into the operator's worker container (its image, command, args and TREADLE_* env "
+        "are the operator's); docs/operator-templates.md has the rules",
+    )
+
+
+class DrainingRole(_Model):
+    replicas: int = Field(ge=0, description="the replicas a draining revision keeps")
+    max_replicas: int | None = Field(
+        default=None,
+        ge=0,
+        description="scaled up to this many on the role's backlog (JetStream pending); "
+        "default: the role's replicas of a current revision",
+    )
+    pending_per_replica: int = Field(
+        default=100, ge=1, description="backlog messages one replica is expected to absorb"
+    )
+
+
+class DrainingSpec(_Model):
+    """What a revision keeps while runs pinned to it drain (``draining``)."""
+
+    orchestrator: DrainingRole = DrainingRole(replicas=1)
+    steps: DrainingRole = DrainingRole(replicas=0)
+
+
+class RevisionAction(_Model):
+    """What to do with the runs pinned to one (non-latest) revision (``pinned``)."""
+
+    action: Literal["CancelRuns"] = Field(
+        description="CancelRuns: cancel every run of the revision that has not ended"
+    )
+    reason: str | None = Field(
+        default=None, max_length=512, description="recorded with each cancel"
+    )
+
+
 class WorkflowDeploymentSpec(_Model):
     image: str = Field(min_length=1, description="the image with the workflow code")
     module: str = Field(
@@ -143,6 +197,21 @@ class WorkflowDeploymentSpec(_Model):
         description="seconds a mirrored WorkflowRun is kept after its run finished "
         "(its ttlSecondsAfterFinished); unset: one day (docs/operator-status-sync.md)",
     )
+    template: PodTemplate | None = Field(
+        default=None,
+        description="the worker pods' template, merged under what the operator owns; a "
+        "change rolls the current revision's workers in place (image and module make a "
+        "new revision)",
+    )
+    draining: DrainingSpec = Field(
+        default=DrainingSpec(),
+        description="the replicas of a revision that no longer takes new runs",
+    )
+    revisions: dict[str, RevisionAction] | None = Field(
+        default=None,
+        description="actions on the runs pinned to a revision, by revision id (e.g. "
+        "{my-rev: {action: CancelRuns}}); never on the latest revision",
+    )
 
 
 class RevisionStatus(_Model):
@@ -154,6 +223,9 @@ class RevisionStatus(_Model):
     active_runs: int = 0
     ready: bool = False
     message: str = ""
+    template_hash: str = Field(
+        default="", description="the hash of the pod template its workers run (podtemplate)"
+    )
 
 
 class WorkflowDeploymentStatus(_Model):

@@ -49,6 +49,18 @@ def revision_id(namespace: str, name: str, uid: str, number: int, image: str, mo
     return f"{name[:40]}-{digest[:6]}"
 
 
+def reusable(
+    revisions: list[RevisionStatus], spec: WorkflowDeploymentSpec
+) -> RevisionStatus | None:
+    """The newest revision not yet retired that runs ``spec``'s image and module: "recent"
+    is still live (Draining, or not yet retired), as the World cannot un-retire one."""
+    wanted = (spec.image, spec.module)
+    return next(
+        (r for r in reversed(revisions) if r.phase != "Retired" and (r.image, r.module) == wanted),
+        None,
+    )
+
+
 def plan(
     *,
     namespace: str,
@@ -65,7 +77,13 @@ def plan(
     created: str | None = None
     count = status.revision_count
     newest = next((r for r in reversed(revisions) if r.phase != "Retired"), None)
-    if newest is None or (newest.image, newest.module) != (spec.image, spec.module):
+    reused = reusable(revisions, spec) if newest is not None else None
+    if reused is not None and reused is not newest:
+        # Rollback: an image (and module) a live revision runs is that revision again: it
+        # moves to the end, the newest, with its id, its World record and its pinned runs.
+        revisions = [r for r in revisions if r.id != reused.id] + [reused]
+        changes.append(f"revision {reused.id} reused for image {spec.image} (rolled back)")
+    elif newest is None or (newest.image, newest.module) != (spec.image, spec.module):
         count += 1
         created = revision_id(namespace, name, uid, count, spec.image, spec.module)
         revisions.append(
