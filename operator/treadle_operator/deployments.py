@@ -20,7 +20,7 @@ from typing import Any
 from treadle.world import contract
 from treadle.world.records import RunStatus
 from treadle.worlds.production import PostgresNatsWorld
-from treadle_operator import kube, manifests, models, podsecurity, revisions, transport
+from treadle_operator import kube, manifests, models, podsecurity, revisions, rollout, transport
 from treadle_operator.conditions import condition, merge_conditions
 from treadle_operator.errors import (
     WorldHostRefused,
@@ -164,13 +164,8 @@ async def reconcile(state: State, body: dict[str, Any]) -> None:
                 )
             )
         state.owners[revision_id] = Owner(namespace, name, spec.mirror_runs)
-    for revision_id in plan.retire:
-        for role in manifests.ROLES:
-            await state.kube.delete_deployment(
-                namespace, manifests.deployment_name(revision_id, role)
-            )
-        await world.deployments.retire(revision_id)
-        state.owners.pop(revision_id, None)
+    await rollout.promote(world, plan.status.latest_revision)
+    plan = await rollout.retire(state, namespace, world, plan, active_runs)
 
     latest = plan.status.latest_revision
     newest = next((r for r in reversed(plan.status.revisions) if r.phase != "Retired"), None)

@@ -227,9 +227,21 @@ class Kube:
         return True
 
     async def patch_status(
-        self, plural: str, namespace: str, name: str, status: dict[str, Any]
+        self,
+        plural: str,
+        namespace: str,
+        name: str,
+        status: dict[str, Any],
+        *,
+        resource_version: str | None = None,
     ) -> bool:
-        """Merge ``status`` into the object's status; ``False`` when the object is gone."""
+        """Merge ``status`` into the object's status; ``False`` when the object is gone.
+
+        With ``resource_version``, only onto that version of the object (else 409).
+        """
+        patch: dict[str, Any] = {"status": status}
+        if resource_version is not None:
+            patch["metadata"] = {"resourceVersion": resource_version}
         try:
             await self.custom.patch_namespaced_custom_object_status(
                 models.GROUP,
@@ -237,7 +249,7 @@ class Kube:
                 namespace,
                 plural,
                 name,
-                {"status": status},
+                patch,
                 **_MERGE,
             )
         except ApiException as exc:

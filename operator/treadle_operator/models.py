@@ -136,6 +136,13 @@ class WorkflowDeploymentSpec(_Model):
     mirror_runs: bool = Field(
         default=False, description="show runs started from code as WorkflowRun objects"
     )
+    retire_after_seconds: int = Field(
+        default=60,
+        ge=0,
+        le=86_400,
+        description="a superseded revision with no active runs retires only this long "
+        "after it stopped being latest (a start that read it just before still lands)",
+    )
 
 
 class RevisionStatus(_Model):
@@ -147,6 +154,9 @@ class RevisionStatus(_Model):
     active_runs: int = 0
     ready: bool = False
     message: str = ""
+    superseded_at: str | None = Field(
+        default=None, description="when it stopped being latest (retireAfterSeconds counts)"
+    )
 
 
 class WorkflowDeploymentStatus(_Model):
