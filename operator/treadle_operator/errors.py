@@ -7,7 +7,8 @@
     │   ├── WorldSecretMissing    its Secret, or a key in it, does not exist (retried)
     │   ├── WorldSecretForbidden  RBAC does not let the operator read that Secret
     │   └── WorldHostRefused      a URL's host is not in TREADLE_OPERATOR_WORLD_HOSTS
-    └── NotConfigured             no cluster: not in a Pod and no usable kubeconfig
+    ├── NotConfigured             no cluster: not in a Pod and no usable kubeconfig
+    └── LeadershipLost            the Lease was not renewed in time: the operator stopped
 
 Engine errors (``treadle.errors``) pass through unchanged; a run the World
 refuses to start is a ``treadle.errors.WorldError``.
@@ -38,3 +39,7 @@ class WorldHostRefused(WorldUnavailable):
 
 class NotConfigured(OperatorError):
     """Not in a Pod, and no usable kubeconfig: there is no cluster to serve."""
+
+
+class LeadershipLost(OperatorError):
+    """The leader Lease was not renewed within renewDeadline: handlers stopped (exit 1)."""
