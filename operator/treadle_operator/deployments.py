@@ -20,7 +20,16 @@ from typing import Any
 from treadle.world import contract
 from treadle.world.records import RunStatus
 from treadle.worlds.production import PostgresNatsWorld
-from treadle_operator import kube, manifests, models, podsecurity, revisions, rollout, transport
+from treadle_operator import (
+    kube,
+    manifests,
+    models,
+    podsecurity,
+    recovery,
+    revisions,
+    rollout,
+    transport,
+)
 from treadle_operator.conditions import condition, merge_conditions
 from treadle_operator.errors import (
     WorldHostRefused,
@@ -95,6 +104,7 @@ async def reconcile(state: State, body: dict[str, Any]) -> None:
     namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
     spec = WorkflowDeploymentSpec.model_validate(body.get("spec") or {})
     status = models.parse_status(WorkflowDeploymentStatus, body.get("status"))
+    status = await recovery.rebuild(state, namespace, name, uid, status)
     # Reserved: every name the operator may set, the transport keys' included.
     every_key = frozenset(transport.SECRET_KEYS)
     refused = podsecurity.reserved_env(spec, manifests.operator_env(spec, "-", every_key))

@@ -118,6 +118,12 @@ class Kube:
                     meta["name"], meta["namespace"], {"spec": wanted}, **_MERGE
                 )
 
+    async def list_deployments(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        """The Deployments of ``namespace`` matching the label ``selector``, as plain dicts."""
+        listed = await self.apps.list_namespaced_deployment(namespace, label_selector=selector)
+        plain: list[dict[str, Any]] = self.api.sanitize_for_serialization(listed).get("items", [])
+        return plain
+
     async def delete_deployment(self, namespace: str, name: str) -> None:
         try:
             await self.apps.delete_namespaced_deployment(
