@@ -94,7 +94,22 @@ class LeaderElector:
         """Wait until this process holds the Lease (``False`` if ``stop`` is set first)."""
         waiting_logged = False
         while stop is None or not stop.is_set():
-            if await self._try():
+            try:
+                taken = await self._try()
+            except ApiException as exc:
+                if exc.status in (401, 403):
+                    raise NotConfigured(
+                        f"the operator may not read or write its leader Lease "
+                        f"{self.config.namespace}/{self.config.name} ({exc.status} {exc.reason}): "
+                        "grant permissions.leader_rules (the chart's leader Role), or set "
+                        "TREADLE_OPERATOR_LEADER_ELECTION=false and run one process only"
+                    ) from None
+                log.warning("reading the Lease failed (retried): %s", exc)
+                taken = False
+            except OSError as exc:
+                log.warning("reading the Lease failed (retried): %s", exc)
+                taken = False
+            if taken:
                 log.info(
                     "%s leads: holds Lease %s/%s",
                     self.config.identity,

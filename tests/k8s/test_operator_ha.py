@@ -8,6 +8,9 @@ Against the real kube-apiserver, as the chart's service account with the chart's
   a WorkflowRun applied meanwhile runs exactly once;
 - two claims of one WorkflowRun racing (the status patch carries ``resourceVersion``):
   one wins, the loser follows the winner's run;
+- a leader paused past its Lease, resumed, stops instead of acting beside the new one;
+- a start whose revision retired before its run was recorded goes to the new latest
+  (review R1);
 - a WorkflowDeployment whose status is replaced by an empty one finds its revision
   again from its Deployments, and numbering goes on at the next rollout.
 """
@@ -17,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -29,6 +33,7 @@ import pytest
 from kubernetes_asyncio import config as kube_config
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from treadle.worlds.production import PostgresNatsWorld
 from treadle_operator import kube as operator_kube
 from treadle_operator import models, revisions, runs
 from treadle_operator.models import WorkflowRunStatus
@@ -230,3 +235,83 @@ async def test_two_claims_of_one_workflow_run_racing_one_wins(
     assert sorted(won) == [False, True], won
     winner = claims[won.index(True)].run_id
     assert kube.rest.get(f"{path}/race")["status"]["runId"] == winner
+
+
+def test_a_leader_paused_past_its_lease_stops_acting_when_it_wakes(
+    kube: Kube, operator_kubeconfig: Path, namespace: str, tmp_path: Path
+) -> None:
+    """R4, split brain: the leader stalls (SIGSTOP) past leaseDuration, the standby takes
+    over; the old leader, resumed, sees the Lease held by another and stops its handlers
+    and exits (LeadershipLost) instead of acting beside the new one."""
+    _fresh_lease(kube)
+    a = ElectedOperator(
+        kube, namespace, tmp_path / "a.log", operator_kubeconfig, pod_name="operator-a"
+    )
+    b = ElectedOperator(
+        kube, namespace, tmp_path / "b.log", operator_kubeconfig, pod_name="operator-b"
+    )
+    try:
+        a.start()  # both at once: whichever wins is the leader, the other the standby
+        b.start()
+        holder = wait_for(lambda: _holder(kube), 30, what="a holder of the Lease")
+        leader, standby = (a, b) if holder == "operator-a" else (b, a)
+        wait_for(lambda: "is a standby" in standby.log(), 30, what="the other a standby")
+        assert leader.proc is not None
+        leader.proc.send_signal(signal.SIGSTOP)
+        wait_for(lambda: _holder(kube) == standby.pod_name, 30, what="the standby taking the Lease")
+        leader.proc.send_signal(signal.SIGCONT)
+        code = leader.proc.wait(30)
+        assert code != 0, "a leader that lost its Lease must not go on"
+        assert "lost the Lease" in leader.log()
+        assert _holder(kube) == standby.pod_name
+    finally:
+        for process in (a, b):
+            process.stop()
+        print(f"--- operator-a ---\n{a.log()[-3000:]}\n--- operator-b ---\n{b.log()[-3000:]}")
+
+
+async def test_a_start_refused_on_a_revision_retired_meanwhile_goes_to_the_new_latest(
+    kube: Kube, operator_kubeconfig: Path, shop_factory: Callable[[], Shop]
+) -> None:
+    """R1: the start read revision "old"; before its run was recorded a rollout made "new"
+    latest and retired "old". The World refuses the run on "old" (DeploymentRetired,
+    nothing recorded); the start reads the WorkflowDeployment again, writes "new" to the
+    WorkflowRun and records the run there, same run id."""
+    shop = shop_factory()  # a namespace and a World of its own; no operator serves it
+    wfd_body = {
+        "apiVersion": models.API_VERSION, "kind": "WorkflowDeployment",
+        "metadata": {"name": "shop"}, "spec": {"image": "shop:1", "module": "m"},
+    }  # fmt: skip
+    wfd = kube.rest.create(shop.path("workflowdeployments"), wfd_body)
+    wfd["status"] = {"latestRevision": "shop-new"}
+    kube.rest.request("PUT", shop.path("workflowdeployments", "shop") + "/status", wfd)
+    shop.start("order", "greet", {"name": "x"})
+    body = kube.rest.get(shop.path("workflowruns", "order"))
+
+    world = await PostgresNatsWorld.connect(
+        shop.database_url, shop.nats_url, deployment_id="test-operator"
+    )
+    api = await kube_config.new_client_from_config(config_file=str(operator_kubeconfig))
+    client = operator_kube.Kube(api)
+    state = State(
+        settings=OperatorSettings(), kube=client, worlds=Worlds(client), sync=StatusSync(client)
+    )
+    run_id = "wrun_" + "R" * 26
+    try:
+        await world.deployments.register("shop-old", catalogue={"greet": {}})
+        await world.deployments.register("shop-new", catalogue={"greet": {}})
+        await world.deployments.retire("shop-old")  # the rollout, between read and write
+        chosen = WorkflowRunStatus(
+            run_id=run_id, revision="shop-old", phase="Pending", reason="Starting"
+        )
+        spec = models.WorkflowRunSpec.model_validate(body["spec"])
+        ended = await runs._record_on_latest(state, world, body, spec, chosen)
+        run = await world.runs.get(run_id)
+        on_old = await world.runs.list(deployment_id="shop-old")
+    finally:
+        await client.close()
+        await world.close()
+    assert ended.revision == "shop-new"
+    assert run.deployment_id == "shop-new"
+    assert on_old.runs == ()
+    assert kube.rest.get(shop.path("workflowruns", "order"))["status"]["revision"] == "shop-new"
