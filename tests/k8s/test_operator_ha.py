@@ -25,6 +25,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -101,6 +102,24 @@ def _fresh_lease(kube: Kube) -> None:
             raise
 
 
+def _world_latest(shop: Shop, register: str | None = None) -> str | None:
+    """The World's latest, after ``register`` (a worker of another revision) if given."""
+
+    async def read() -> str | None:
+        world = await PostgresNatsWorld.connect(
+            shop.database_url, shop.nats_url, deployment_id="test-reader"
+        )
+        try:
+            if register is not None:
+                await world.deployments.register(register, catalogue={"greet": {}})
+            return await world.deployments.latest()
+        finally:
+            await world.close()
+
+    with ThreadPoolExecutor(max_workers=1) as pool:  # a loop of its own
+        return pool.submit(asyncio.run, read()).result()
+
+
 def _greet_runs(shop: Shop) -> list[dict[str, Any]]:
     listed = shop.cli("runs", "list", "--workflow", "greet", "--json")
     assert listed.returncode == 0, listed.stderr
@@ -136,6 +155,9 @@ def test_two_operators_elect_one_and_the_standby_takes_over_a_kill_9_within_the_
         revision = shop.latest()
         shop.start("before", "greet", {"name": "a"})
         assert shop.phase("before", "Completed")["revision"] == revision
+        # R12: the World's latest is the operator's; a worker that registers (and may
+        # then crash-loop) does not move it.
+        assert _world_latest(shop, register="shop-crashlooping") == revision
         assert "serving" not in b.log(), "the standby must not run handlers"
         assert _holder(kube) == "operator-a"
 
@@ -184,6 +206,7 @@ def _lose_status_then_roll_out(shop: Shop, revision: str) -> None:
         shop.namespace, shop.deployment, uid, 2, "shop:2", str(WORKFLOWS)
     )
     wait_for(lambda: shop.latest() == second, 90, what="revision number 2 latest")
+    wait_for(lambda: _world_latest(shop) == second, 10, what="the World's latest moved too")
 
     def retired() -> bool:
         phases = {r["id"]: r["phase"] for r in shop.wfd()["status"]["revisions"]}
