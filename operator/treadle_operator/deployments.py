@@ -26,7 +26,9 @@ from treadle_operator import (
     pinned,
     podsecurity,
     podtemplate,
+    recovery,
     revisions,
+    rollout,
     transport,
 )
 from treadle_operator.conditions import condition, merge_conditions
@@ -103,6 +105,7 @@ async def reconcile(state: State, body: dict[str, Any]) -> None:
     namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
     spec = WorkflowDeploymentSpec.model_validate(body.get("spec") or {})
     status = models.parse_status(WorkflowDeploymentStatus, body.get("status"))
+    status = await recovery.rebuild(state, namespace, name, uid, status)
     # Reserved: every name the operator may set, the transport keys' included.
     every_key = frozenset(transport.SECRET_KEYS)
     refused = podsecurity.reserved_env(spec, manifests.operator_env(spec, "-", every_key))
@@ -194,13 +197,8 @@ async def reconcile(state: State, body: dict[str, Any]) -> None:
             spec.mirror_runs,
             _mirror_ttl(spec.mirror_runs_ttl_seconds_after_finished),
         )
-    for revision_id in plan.retire:
-        for role in manifests.ROLES:
-            await state.kube.delete_deployment(
-                namespace, manifests.deployment_name(revision_id, role)
-            )
-        await world.deployments.retire(revision_id)
-        state.owners.pop(revision_id, None)
+    await rollout.promote(world, plan.status.latest_revision)
+    plan = await rollout.retire(state, namespace, world, plan, active_runs)
     acted = await pinned.act(world, spec, plan.status, namespace=namespace, name=name)
 
     latest = plan.status.latest_revision

@@ -8,7 +8,8 @@
     │   ├── WorldSecretForbidden  RBAC does not let the operator read that Secret
     │   └── WorldHostRefused      a URL's host is not in TREADLE_OPERATOR_WORLD_HOSTS
     ├── NotConfigured             no cluster: not in a Pod and no usable kubeconfig
-    └── DeploymentRefused         the API server refused a worker Deployment (its template)
+    ├── DeploymentRefused         the API server refused a worker Deployment (its template)
+    └── LeadershipLost            the Lease was not renewed in time: the operator stopped
 
 Engine errors (``treadle.errors``) pass through unchanged; a run the World
 refuses to start is a ``treadle.errors.WorldError``.
@@ -43,3 +44,7 @@ class NotConfigured(OperatorError):
 
 class DeploymentRefused(OperatorError):
     """The API server refused a worker Deployment (400/422: a field of ``spec.template``)."""
+
+
+class LeadershipLost(OperatorError):
+    """The leader Lease was not renewed within renewDeadline: handlers stopped (exit 1)."""

@@ -147,6 +147,12 @@ class Kube:
             )
         return True
 
+    async def list_deployments(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        """The Deployments of ``namespace`` matching the label ``selector``, as plain dicts."""
+        listed = await self.apps.list_namespaced_deployment(namespace, label_selector=selector)
+        plain: list[dict[str, Any]] = self.api.sanitize_for_serialization(listed).get("items", [])
+        return plain
+
     async def delete_deployment(self, namespace: str, name: str) -> None:
         try:
             await self.apps.delete_namespaced_deployment(
@@ -256,9 +262,21 @@ class Kube:
         return True
 
     async def patch_status(
-        self, plural: str, namespace: str, name: str, status: dict[str, Any]
+        self,
+        plural: str,
+        namespace: str,
+        name: str,
+        status: dict[str, Any],
+        *,
+        resource_version: str | None = None,
     ) -> bool:
-        """Merge ``status`` into the object's status; ``False`` when the object is gone."""
+        """Merge ``status`` into the object's status; ``False`` when the object is gone.
+
+        With ``resource_version``, only onto that version of the object (else 409).
+        """
+        patch: dict[str, Any] = {"status": status}
+        if resource_version is not None:
+            patch["metadata"] = {"resourceVersion": resource_version}
         try:
             await self.custom.patch_namespaced_custom_object_status(
                 models.GROUP,
@@ -266,7 +284,7 @@ class Kube:
                 namespace,
                 plural,
                 name,
-                {"status": status},
+                patch,
                 **_MERGE,
             )
         except ApiException as exc:

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 from collections.abc import Sequence
 
 import kopf
 
-from treadle_operator import handlers, kube, runs, worldhosts
+from treadle_operator import handlers, kube, leader, runs, worldhosts
+from treadle_operator.errors import LeadershipLost
 from treadle_operator.settings import OperatorSettings
 from treadle_operator.state import State
 from treadle_operator.sync import StatusSync
@@ -41,17 +43,73 @@ async def run(namespaces: Sequence[str] = ()) -> None:
     sync.on_new_run = functools.partial(runs.mirror, state)
     sync.mirrors = functools.partial(runs.mirrors, state)
     registry = handlers.build_registry(state)
-    log.info(
-        "treadle operator serving %s", ", ".join(namespaces) if namespaces else "every namespace"
-    )
+    elector = _elector(client, settings)
     try:
-        await kopf.operator(
+        if elector is not None:
+            await elector.acquire()
+        log.info(
+            "treadle operator serving %s",
+            ", ".join(namespaces) if namespaces else "every namespace",
+        )
+        await _serve(registry, namespaces, elector)
+    finally:
+        if elector is not None:
+            await elector.release()
+        await sync.close()
+        await worlds.close()
+        await client.close()
+
+
+def _elector(client: kube.Kube, settings: OperatorSettings) -> leader.LeaderElector | None:
+    if not settings.TREADLE_OPERATOR_LEADER_ELECTION:
+        return None
+    namespace = leader.lease_namespace(settings.TREADLE_OPERATOR_LEASE_NAMESPACE)
+    if namespace is None:
+        log.warning(
+            "no namespace for the leader Lease (TREADLE_OPERATOR_LEASE_NAMESPACE, POD_NAMESPACE): "
+            "running without leader election; run one operator process only"
+        )
+        return None
+    config = leader.LeaseConfig(
+        namespace=namespace,
+        name=settings.TREADLE_OPERATOR_LEASE_NAME,
+        identity=leader.identity(),
+        lease_duration=settings.TREADLE_OPERATOR_LEASE_DURATION_SECONDS,
+        renew_deadline=settings.TREADLE_OPERATOR_RENEW_DEADLINE_SECONDS,
+        retry_period=settings.TREADLE_OPERATOR_RETRY_PERIOD_SECONDS,
+    )
+    return leader.LeaderElector(client.api, config)
+
+
+async def _serve(
+    registry: kopf.OperatorRegistry,
+    namespaces: Sequence[str],
+    elector: leader.LeaderElector | None,
+) -> None:
+    """kopf until it stops (a signal), or until the Lease is lost (then it is stopped)."""
+    stop = asyncio.Event()
+    serving = asyncio.ensure_future(
+        kopf.operator(
             registry=registry,
             standalone=True,
             clusterwide=not namespaces,
             namespaces=list(namespaces),
+            stop_flag=stop,
         )
+    )
+    if elector is None:
+        await serving
+        return
+    holding = asyncio.ensure_future(elector.hold())
+    try:
+        await asyncio.wait({serving, holding}, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        await sync.close()
-        await worlds.close()
-        await client.close()
+        holding.cancel()
+    if serving.done():
+        serving.result()
+        return
+    stop.set()  # the Lease is lost: no handler may act any more
+    await serving
+    raise LeadershipLost(
+        f"{elector.config.identity} lost the leader Lease: stopped serving (a standby takes over)"
+    )

@@ -212,6 +212,13 @@ class WorkflowDeploymentSpec(_Model):
         description="actions on the runs pinned to a revision, by revision id (e.g. "
         "{my-rev: {action: CancelRuns}}); never on the latest revision",
     )
+    retire_after_seconds: int = Field(
+        default=60,
+        ge=0,
+        le=86_400,
+        description="a superseded revision with no active runs retires only this long "
+        "after it stopped being latest (a start that read it just before still lands)",
+    )
 
 
 class RevisionStatus(_Model):
@@ -225,6 +232,9 @@ class RevisionStatus(_Model):
     message: str = ""
     template_hash: str = Field(
         default="", description="the hash of the pod template its workers run (podtemplate)"
+    )
+    superseded_at: str | None = Field(
+        default=None, description="when it stopped being latest (retireAfterSeconds counts)"
     )
 
 

@@ -36,6 +36,11 @@ or dropped here first. Why each rule is there:
 
 The operator runs kopf ``--standalone`` (no peering objects), so it needs nothing
 in ``kopf.dev``.
+
+``leader_rules``: a Role in the release's own namespace only
+(``templates/leader-role.yaml``), for the leader-election Lease (``leader``):
+``create`` (RBAC cannot limit a create by name) and ``get``/``update`` of the one
+Lease the chart names (``resourceNames``).
 """
 
 from __future__ import annotations
@@ -117,3 +122,16 @@ def cluster_rules(world_secrets: tuple[str, ...] = DEFAULT_WORLD_SECRETS) -> tup
 
 
 OPERATOR_RULES: tuple[PolicyRule, ...] = cluster_rules()
+
+
+def leader_rules(lease_name: str) -> tuple[PolicyRule, ...]:
+    """The leader-election Role in the operator's own namespace (docs/operator-ha.md)."""
+    return (
+        PolicyRule(api_groups=("coordination.k8s.io",), resources=("leases",), verbs=("create",)),
+        PolicyRule(
+            api_groups=("coordination.k8s.io",),
+            resources=("leases",),
+            verbs=("get", "update"),
+            resource_names=(lease_name,),
+        ),
+    )

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from treadle_operator.models import (
     RevisionStatus,
@@ -120,13 +121,20 @@ def plan(
             continue
         if latest is not None and r.id == latest.id:
             phase = "Active"
+            # Latest again (a rollback reused it): its retire delay starts anew next time.
+            r = r.model_copy(update={"superseded_at": None})
         elif r is newest_live:
             phase = "Pending"  # not ready yet: the previous latest keeps serving
-        elif latest is not None and live.index(r) > live.index(latest):
-            # Made after the latest but superseded before it was ready: no run is on it.
+        elif r.phase == "Pending" or (latest is not None and live.index(r) > live.index(latest)):
+            # Superseded before it was ever ready (never latest): no run is on it.
             phase = "Retired" if r.active_runs == 0 else "Draining"
         else:
-            phase = "Draining" if r.active_runs > 0 else "Retired"
+            # Superseded: drains while runs remain, and for retireAfterSeconds after it
+            # stopped being latest, so a start that read it a moment ago lands (R1).
+            r = r.model_copy(update={"superseded_at": r.superseded_at or now})
+            waited = _seconds_between(r.superseded_at or now, now)
+            done = r.active_runs == 0 and waited >= spec.retire_after_seconds
+            phase = "Retired" if done else "Draining"
         if phase != r.phase:
             changes.append(f"revision {r.id} is {phase}")
         if phase == "Retired":
@@ -154,3 +162,11 @@ def plan(
         created=created,
         changes=changes,
     )
+
+
+def _seconds_between(earlier: str, later: str) -> float:
+    """Seconds from one status timestamp (``%Y-%m-%dT%H:%M:%SZ``) to another."""
+    try:
+        return (datetime.fromisoformat(later) - datetime.fromisoformat(earlier)).total_seconds()
+    except ValueError:
+        return 0.0  # an unreadable stamp (hand-edited status): count from now

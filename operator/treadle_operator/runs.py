@@ -29,6 +29,8 @@ import logging
 from datetime import UTC, datetime
 from typing import Any
 
+from kubernetes_asyncio.client.exceptions import ApiException
+
 from treadle import errors as engine_errors
 from treadle import limits, payloads
 from treadle.client import start_run
@@ -143,8 +145,9 @@ async def start(state: State, body: dict[str, Any]) -> None:
 
     world, wfd = await world_of(state, namespace, spec.deployment)
     if status.run_id:
+        run_id = status.run_id
         try:
-            run = await world.runs.get(status.run_id)
+            run = await world.runs.get(run_id)
         except engine_errors.RunNotFound:
             if adopting:
                 await refuse(state, body, f"run {status.run_id} does not exist")
@@ -152,7 +155,7 @@ async def start(state: State, body: dict[str, Any]) -> None:
             if status.mirrored or not status.revision:
                 raise
             # Chosen and recorded here, then the handler stopped before the run was.
-            await _record_run(state, world, body, spec, status.run_id, status.revision)
+            status = await _record_on_latest(state, world, body, spec, status)
         else:
             foreign = binding.refusal(run, body, wfd)
             if foreign is not None:
@@ -161,11 +164,9 @@ async def start(state: State, body: dict[str, Any]) -> None:
         if adopting:
             # A mirror's first status (run id, phase, labels) is written by the sync's
             # first refresh, in one patch (R5 (e)).
-            state.sync.track(
-                status.run_id, world, body, status, payloads.active(), shown=_status(body)
-            )
+            state.sync.track(run_id, world, body, status, payloads.active(), shown=_status(body))
             return
-        state.sync.track(status.run_id, world, body, status, payloads.active())
+        state.sync.track(run_id, world, body, status, payloads.active())
         return
 
     run_id = binding.run_id(namespace, meta["name"], spec.run_key)
@@ -216,10 +217,96 @@ async def start(state: State, body: dict[str, Any]) -> None:
             "conditions": started(status, True, "RunRecorded", f"run {run_id} on {revision}"),
         }
     )
-    await _patch(state, body, chosen)
-    await _record_run(state, world, body, spec, run_id, revision)
-    await state.kube.event(body, "Started", f"run {run_id} started on revision {revision}")
+    if not await claim(state, body, chosen):
+        return  # another operator claimed the object first: it is followed
+    chosen = await _record_on_latest(state, world, body, spec, chosen)
+    await state.kube.event(body, "Started", f"run {run_id} started on revision {chosen.revision}")
     state.sync.track(run_id, world, body, chosen, payloads.active())
+
+
+async def claim(state: State, body: dict[str, Any], chosen: WorkflowRunStatus) -> bool:
+    """Write the chosen run id, only onto the object as just read (review R4).
+
+    The status patch carries the object's ``resourceVersion``: of two operators
+    claiming at once, one wins; the other gets 409, reads the object again and
+    follows the run the winner claimed. ``False`` when the object was claimed
+    (or deleted) by someone else.
+    """
+    meta = body["metadata"]
+    for _ in range(3):
+        fresh = await state.kube.get(PLURAL, meta["namespace"], meta["name"])
+        if fresh is None:
+            return False
+        if _status(fresh).run_id:
+            log.info("WorkflowRun %s claimed meanwhile: following its run", _name(body))
+            await follow(state, fresh)
+            return False
+        shown = runstatus.present(chosen, fresh["metadata"].get("generation"))
+        version = fresh["metadata"].get("resourceVersion")
+        try:
+            done = await state.kube.patch_status(
+                PLURAL,
+                meta["namespace"],
+                meta["name"],
+                models.dump(shown),
+                resource_version=version,
+            )
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            continue  # changed since read (kopf's own annotations, or another claim)
+        if not done:
+            return False
+        await label(state, fresh, shown)
+        body["metadata"] = fresh["metadata"]
+        return True
+    raise NotYet("ClaimConflict", f"WorkflowRun {_name(body)} kept changing while being claimed")
+
+
+async def _record_on_latest(
+    state: State,
+    world: contract.World,
+    body: dict[str, Any],
+    spec: WorkflowRunSpec,
+    status: WorkflowRunStatus,
+) -> WorkflowRunStatus:
+    """Record the claimed run; on a revision retired meanwhile, on the new latest (R1).
+
+    The World refuses a new run on a retired revision (``DeploymentRetired``,
+    nothing recorded): the WorkflowDeployment is read again and the run, same id,
+    goes to its ``latestRevision``, written to the object first.
+    """
+    assert status.run_id is not None
+    assert status.revision is not None
+    for _ in range(3):
+        try:
+            await _record_run(state, world, body, spec, status.run_id, status.revision)
+            return status
+        except engine_errors.DeploymentRetired:
+            meta = body["metadata"]
+            wfd = await state.kube.get("workflowdeployments", meta["namespace"], spec.deployment)
+            newer = ((wfd or {}).get("status") or {}).get("latestRevision")
+            if not newer or newer == status.revision:
+                raise NotYet(
+                    "RevisionRetired",
+                    f"revision {status.revision} retired before run {status.run_id} was "
+                    "recorded; waiting for a newer latest revision",
+                ) from None
+            log.info(
+                "run %s: revision %s retired meanwhile; starting on %s",
+                status.run_id,
+                status.revision,
+                newer,
+            )
+            message = f"run {status.run_id} on {newer} ({status.revision} retired meanwhile)"
+            status = status.model_copy(
+                update={
+                    "revision": newer,
+                    "conditions": started(status, True, "RunRecorded", message),
+                }
+            )
+            await _patch(state, body, status)
+    raise NotYet("RevisionRetired", f"run {status.run_id}: every latest revision retired")
 
 
 async def adopt(

@@ -39,4 +39,16 @@ class OperatorSettings(BaseSettings):
         description="a WorkflowRun's status is patched at most this often, except a change "
         "of phase, which is patched at once (docs/operator-status-sync.md)",
     )
+    TREADLE_OPERATOR_LEADER_ELECTION: bool = Field(
+        default=True,
+        description="run handlers only while holding a coordination.k8s.io Lease "
+        "(docs/operator-ha.md); off, or without a namespace for the Lease, every process acts",
+    )
+    TREADLE_OPERATOR_LEASE_NAME: str = Field(default="treadle-operator", min_length=1)
+    TREADLE_OPERATOR_LEASE_NAMESPACE: str = Field(
+        default="", description="the Lease's namespace; default POD_NAMESPACE, else the pod's"
+    )
+    TREADLE_OPERATOR_LEASE_DURATION_SECONDS: float = Field(default=15.0, gt=0, le=3600)
+    TREADLE_OPERATOR_RENEW_DEADLINE_SECONDS: float = Field(default=10.0, gt=0, le=3600)
+    TREADLE_OPERATOR_RETRY_PERIOD_SECONDS: float = Field(default=2.0, gt=0, le=3600)
     TREADLE_LOG_LEVEL: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"

@@ -27,6 +27,9 @@ from treadle.worlds import open_world
 
 log = logging.getLogger("treadle.client")
 
+# A start_on_latest start refused because its latest retired meanwhile reads again.
+LATEST_START_ATTEMPTS = 3
+
 P = ParamSpec("P")
 R = TypeVar("R")
 
@@ -410,18 +413,30 @@ class Workflows:
         deployment = self.settings.TREADLE_DEPLOYMENT_ID
         wf = self._workflows.get(name)
         deployments = getattr(world, "deployments", None)
-        if wf is not None and wf.start_on_latest and deployments is not None:
-            deployment = await deployments.latest() or deployment
+        on_latest = wf is not None and wf.start_on_latest and deployments is not None
         run_id = ids.new_run_id()
-        await start_run(
-            world,
-            name=name,
-            data=data,
-            deployment_id=deployment,
-            spec_version=spec,
-            run_id=run_id,
-            limits_=self.limits,
-        )
+        for attempt in range(1, LATEST_START_ATTEMPTS + 1):
+            if on_latest and deployments is not None:
+                deployment = await deployments.latest() or deployment
+            try:
+                await start_run(
+                    world,
+                    name=name,
+                    data=data,
+                    deployment_id=deployment,
+                    spec_version=spec,
+                    run_id=run_id,
+                    limits_=self.limits,
+                )
+                break
+            except errors.DeploymentRetired:
+                # The latest was retired between the read and the write (review R1):
+                # nothing was recorded; read the new latest and start there.
+                if not on_latest or attempt == LATEST_START_ATTEMPTS:
+                    raise
+                log.info(
+                    "run %s: %s retired meanwhile; starting on the new latest", run_id, deployment
+                )
         return Run(self, run_id)
 
     def get_run(self, run_id: str) -> Run:

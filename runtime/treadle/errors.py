@@ -41,6 +41,7 @@ its message names them too::
         │                             run's log contradicts: acknowledged, nothing run or written
         ├── HookPayloadNotRecorded    resume_hook's write failed and recorded nothing: retry it
         ├── DeadLetterNotFound        no dead letter with that message id
+        ├── DeploymentRetired         runs.create on a retired deployment; nothing recorded
         ├── FenceNotSupported         the World lacks the in-band fence spec 9 runs need
         └── StorageUnavailable        the World's storage cannot be opened or used
             ├── StorageLocked         another process holds a local World
@@ -261,6 +262,20 @@ class RunNotFound(WorldError):
 
     def __init__(self, run_id: str) -> None:
         super().__init__(f"run {run_id} not found", run_id=run_id)
+
+
+class DeploymentRetired(WorldError):
+    """``runs.create`` named a retired deployment: nothing was recorded.
+
+    A start racing a rollout (review R1) reads the new latest and tries again.
+    """
+
+    def __init__(self, deployment_id: str, run_id: str | None = None) -> None:
+        what = f"run {run_id}" if run_id else "a run"
+        super().__init__(
+            f"{what} not recorded: deployment {deployment_id} is retired", run_id=run_id
+        )
+        self.deployment_id = deployment_id
 
 
 class RunExpired(WorldError):

@@ -27,9 +27,14 @@ WORLD = {"create": True, "databaseUrl": "postgresql://u:p@db:5432/t", "natsUrl":
 
 
 def _by_kind(overrides: dict[str, Any] | None = None) -> dict[str, list[dict[str, Any]]]:
+    """The rendered objects by kind; the leader-election Role and binding apart, as
+    ``LeaderRole`` and ``LeaderRoleBinding`` (tests/chart/test_chart_leader.py)."""
     found: dict[str, list[dict[str, Any]]] = {}
     for manifest in render.render_chart(CHART, overrides):
-        found.setdefault(manifest.kind, []).append(manifest.body)
+        leader = manifest.body["metadata"]["name"].endswith("-operator-leader")
+        found.setdefault(f"Leader{manifest.kind}" if leader else manifest.kind, []).append(
+            manifest.body
+        )
     return found
 
 
@@ -171,7 +176,8 @@ def test_operator_deployment_runs_treadle_operator_locked_down() -> None:
     deployment = _one(overrides, "Deployment")
     assert deployment["metadata"]["namespace"] == "treadle-system"
     assert deployment["spec"]["replicas"] == 1
-    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    # Leader election makes an overlap safe (test_chart_leader.py): a standby first.
+    assert deployment["spec"]["strategy"]["type"] == "RollingUpdate"
     pod = deployment["spec"]["template"]["spec"]
     selector = deployment["spec"]["selector"]["matchLabels"]
     assert selector.items() <= deployment["spec"]["template"]["metadata"]["labels"].items()

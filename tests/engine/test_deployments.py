@@ -49,11 +49,12 @@ async def test_a_run_whose_deployment_is_gone_fails_at_once(make_app: MakeApp) -
 
     world = await app.world()
     await world.deployments.register("blue")
-    await world.deployments.retire("blue")
     run = await world.runs.create(
         workflow_name="flow", input={"args": [], "kwargs": {}}, deployment_id="blue",
         spec_version=9,
     )  # fmt: skip
+    # Retired after the run was recorded (a new run on it is refused: DeploymentRetired).
+    await world.deployments.retire("blue")
     started = time.monotonic()
     await world.queue.send(messages.OrchestratorMessage(run_id=run.run_id, run_spec_version=9))
     with pytest.raises(RunFailedError, match="is gone"):

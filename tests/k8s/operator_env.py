@@ -171,7 +171,9 @@ class Shop:
             "apiVersion": "treadle.dev/v1alpha1", "kind": "WorkflowDeployment",
             "metadata": {"name": name},
             "spec": {"image": image, "module": str(WORKFLOWS),
-                     "orchestrator": {"replicas": 1}, "steps": {"replicas": 1}, **spec},
+                     "orchestrator": {"replicas": 1}, "steps": {"replicas": 1},
+                     # Superseded revisions retire 2 s after, not the default 60 s.
+                     "retireAfterSeconds": 2, **spec},
         }  # fmt: skip
         made: dict[str, Any] = self.kube.rest.create(self.path("workflowdeployments"), body)
         return made

@@ -239,8 +239,10 @@ def _plan(
 ) -> revisions.Plan:
     return revisions.plan(
         namespace="ns", name="orders", uid="u-1", generation=1,
-        spec=WorkflowDeploymentSpec(image=image, module="m"), status=status,
-        observed=observed, now="2026-12-01T00:00:00Z",
+        spec=WorkflowDeploymentSpec.model_validate(
+            {"image": image, "module": "m", "retireAfterSeconds": 0}
+        ),
+        status=status, observed=observed, now="2026-12-01T00:00:00Z",
     )  # fmt: skip
 
 
@@ -267,6 +269,8 @@ def test_rolling_back_to_a_draining_image_reuses_its_revision() -> None:
     assert back.status.latest_revision == good
     assert [(r.id, r.phase) for r in back.status.revisions] == [(bad, "Draining"), (good, "Active")]
     assert any("reused" in c for c in back.changes)
+    reused = next(r for r in back.status.revisions if r.id == good)
+    assert reused.superseded_at is None, "latest again: its retire delay starts anew"
 
     # Once drained and retired, the same image is a new revision (the World cannot un-retire).
     drained = _plan("img:1", back.status, {good: Observed(ready=True), bad: Observed(ready=True)})

@@ -19,7 +19,7 @@ def _plan(
 
 
 def _spec(image: str, module: str = "orders.app") -> WorkflowDeploymentSpec:
-    return WorkflowDeploymentSpec(image=image, module=module)
+    return WorkflowDeploymentSpec(image=image, module=module, retire_after_seconds=0)
 
 
 def test_a_new_deployment_gets_one_pending_revision_and_no_latest() -> None:
@@ -144,3 +144,42 @@ def test_a_broken_image_after_a_good_one_reads_stalled_and_never_rolled_out() ->
         "Ready": "False/CrashLoop", "Progressing": "False/CrashLoop",
         "Reconciling": "False/CrashLoop", "Stalled": "True/CrashLoop",
     }  # fmt: skip
+
+
+def _at(
+    spec: WorkflowDeploymentSpec,
+    status: WorkflowDeploymentStatus,
+    observed: dict[str, Observed],
+    now: str,
+) -> revisions.Plan:
+    return revisions.plan(
+        namespace="ns", name="orders", uid="u-1", generation=1, spec=spec, status=status,
+        observed=observed, now=now,
+    )  # fmt: skip
+
+
+def test_a_superseded_revision_retires_only_after_retire_after_seconds() -> None:
+    """Review R1: drained is not enough; it stays Draining (workers kept, not retired in the
+    World) until retireAfterSeconds passed since it stopped being latest."""
+    spec = _spec("img:1").model_copy(update={"retire_after_seconds": 60})
+    one = _at(spec, WorkflowDeploymentStatus(), {}, "2026-11-30T00:00:00Z")
+    old = one.created or ""
+    active = _at(spec, one.status, {old: Observed(ready=True)}, "2026-11-30T00:00:01Z")
+    spec2 = spec.model_copy(update={"image": "img:2"})
+    rolled = _at(spec2, active.status, {old: Observed(ready=True)}, "2026-11-30T00:00:02Z")
+    new = rolled.created or ""
+    both = {old: Observed(ready=True), new: Observed(ready=True)}
+    switched = _at(spec2, rolled.status, both, "2026-11-30T00:00:10Z")
+    assert switched.status.latest_revision == new
+    assert [r.phase for r in switched.status.revisions] == ["Draining", "Active"]
+    assert switched.status.revisions[0].superseded_at == "2026-11-30T00:00:10Z"
+    assert switched.retire == () and old in switched.keep
+    soon = _at(spec2, switched.status, both, "2026-11-30T00:01:09Z")  # 59 s later
+    assert soon.retire == () and soon.status.revisions[0].phase == "Draining"
+    due = _at(spec2, soon.status, both, "2026-11-30T00:01:10Z")  # 60 s later
+    assert due.retire == (old,)
+    assert [r.phase for r in due.status.revisions] == ["Retired", "Active"]
+    # Runs still on it keep it Draining past the delay.
+    busy = {old: Observed(ready=True, active_runs=1), new: Observed(ready=True)}
+    held = _at(spec2, soon.status, busy, "2026-11-30T01:00:00Z")
+    assert held.retire == () and held.status.revisions[0].phase == "Draining"

@@ -56,6 +56,7 @@ async def test_every_point_is_awaited_with_its_run_id() -> None:
     await world.deployments.register("d")
     await world.deployments.get("d")
     await world.deployments.latest()
+    await world.deployments.promote("d")
     await world.deployments.retire("d")
 
     async def slow(message: object, meta: messages.DeliveryMeta) -> messages.Ack:

@@ -41,6 +41,11 @@ Storage rules (DESIGN.md 3.1, seed 003 "Implementing spec 9 in a World"):
   later item of a correlation id once one of its items was refused.
 - An ``idempotency_key`` on a write makes a retry converge: the second write
   returns the first one's event with ``allocated = 0``.
+- ``runs.create`` on a retired deployment raises ``DeploymentRetired`` and
+  records nothing (review R1); the check is made in the transaction that
+  inserts the run, so a ``deployments.retire`` is wholly before or after any
+  create. A retried create of a run that exists returns it, retired or not. An
+  unknown deployment is accepted: workers may register after the first start.
 
 Queue rules (DESIGN.md 3.2, seed 003 "Spec 9 queue rules"): see ``Queue``.
 
@@ -163,7 +168,9 @@ class Runs(Protocol):
 
         With a ``run_id`` that exists already, returns that run when it was created
         with the same workflow and input (a retried start), else raises
-        ``WorldContractError``.
+        ``WorldContractError``. A new run on a retired deployment raises
+        ``DeploymentRetired``, nothing recorded (a start racing a rollout reads
+        the new latest and tries again).
         """
         ...
 
@@ -238,9 +245,15 @@ class Hooks(Protocol):
 class Deployments(Protocol):
     """The deployment revisions that serve runs, and which is the latest.
 
-    A worker registers its deployment when it starts; the latest is the most
-    recently first-registered one not retired. A run pinned to a deployment that
-    is unknown or retired cannot be served (``DeploymentMismatch``).
+    A worker registers its deployment when it starts. The latest is the most
+    recently promoted one not retired (``promote``: the operator promotes the
+    revision it made ``latestRevision``, once it is ready); in a World where
+    nothing not retired was ever promoted, it is the most recently
+    first-registered one not retired. So on an operator-managed World a worker
+    that registers (and may then crash-loop) never moves the latest; a local
+    setup keeps the registration rule (review R12). A run pinned to a deployment
+    that is unknown or retired cannot be served (``DeploymentMismatch``), and
+    ``runs.create`` refuses a retired one (``DeploymentRetired``).
     """
 
     async def register(
@@ -258,6 +271,15 @@ class Deployments(Protocol):
     async def latest(self) -> str | None: ...
 
     async def retire(self, deployment_id: str) -> None: ...
+
+    async def promote(self, deployment_id: str) -> None:
+        """Make ``deployment_id`` the latest (recorded first if unknown).
+
+        Idempotent: promoting the newest promoted one changes nothing; promoting an
+        older one again makes it latest again (a rollback). ``DeploymentRetired``
+        for a retired deployment.
+        """
+        ...
 
 
 class Consumer(Protocol):

@@ -132,6 +132,8 @@ class DeploymentRecord:
     # The workflows its workers serve: ``{name: {"params": [...]}}`` (see
     # ``treadle.sdk.functions.catalogue``), as the latest registration recorded it.
     catalogue: JsonValue = None
+    # ``Deployments.promote`` named it latest once (review R12).
+    promoted: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,6 +38,8 @@ class MemoryBackend:
         self.rng = rng
         self.store = Store()
         self.deployments: dict[str, records.DeploymentRecord] = {}
+        # Deployments.promote's order: the newest promoted non-retired one is latest.
+        self.promoted: dict[str, int] = {}
         self.stats = QueueStats()
         self.queue = MessageQueue(self.stats, rng, self._run_spec_version)
         self.feeds = Feeds(self._read_after, self._head)

@@ -44,6 +44,7 @@ POINTS: frozenset[str] = frozenset(
         "deployments.get",
         "deployments.latest",
         "deployments.retire",
+        "deployments.promote",
         "queue.send",
         "queue.settle",
         "queue.renew",

@@ -11,6 +11,7 @@ return private copies. Built by ``world.MemoryWorld``.
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, TypeVar
@@ -64,6 +65,9 @@ class MemoryRuns(_Facade):
         storagerules.check_run_id(run_id)
         rid = run_id or ids.new_run_id()
         fail = await self._enter("runs.create", rid)
+        deployment = self._backend.deployments.get(deployment_id)
+        if deployment is not None and deployment.retired and rid not in self._store.runs:
+            raise errors.DeploymentRetired(deployment_id, rid)
         created, state = self._store.create_run(
             run_id=rid, workflow_name=workflow_name, input=input, deployment_id=deployment_id,
             spec_version=spec_version, attributes=dict(attributes or {}),
@@ -246,17 +250,25 @@ class MemoryDeployments(_Facade):
                 deployment_id, held.created_at, held.retired, copy.deepcopy(catalogue)
             )
         known[deployment_id] = held  # a dict keeps the first registration's order
-        return self._leave(fail, "deployments.register", None, copy.deepcopy(held))
+        return self._leave(fail, "deployments.register", None, self._shown(held))
+
+    def _shown(self, held: records.DeploymentRecord) -> records.DeploymentRecord:
+        promoted = held.deployment_id in self._backend.promoted
+        return dataclasses.replace(copy.deepcopy(held), promoted=promoted)
 
     async def get(self, deployment_id: str) -> records.DeploymentRecord | None:
         fail = await self._enter("deployments.get", None)
         held = self._backend.deployments.get(deployment_id)
-        return self._leave(fail, "deployments.get", None, copy.deepcopy(held))
+        shown = None if held is None else self._shown(held)
+        return self._leave(fail, "deployments.get", None, shown)
 
     async def latest(self) -> str | None:
         fail = await self._enter("deployments.latest", None)
-        live = [d for d in self._backend.deployments.values() if not d.retired]
-        latest = live[-1].deployment_id if live else None
+        live = [d.deployment_id for d in self._backend.deployments.values() if not d.retired]
+        promoted = sorted(
+            (self._backend.promoted[d], d) for d in live if d in self._backend.promoted
+        )
+        latest = promoted[-1][1] if promoted else live[-1] if live else None
         return self._leave(fail, "deployments.latest", None, latest)
 
     async def retire(self, deployment_id: str) -> None:
@@ -267,3 +279,20 @@ class MemoryDeployments(_Facade):
                 deployment_id, held.created_at, True, held.catalogue
             )
         self._leave(fail, "deployments.retire", None, None)
+
+    async def promote(self, deployment_id: str) -> None:
+        if not deployment_id:
+            raise errors.WorldContractError("a deployment id must not be empty")
+        fail = await self._enter("deployments.promote", None)
+        known, order = self._backend.deployments, self._backend.promoted
+        held = known.get(deployment_id)
+        if held is None:
+            known[deployment_id] = records.DeploymentRecord(
+                deployment_id=deployment_id, created_at=clock.utcnow()
+            )
+        elif held.retired:
+            raise errors.DeploymentRetired(deployment_id)
+        top = max(order.values(), default=0)
+        if order.get(deployment_id) != top or top == 0:
+            order[deployment_id] = top + 1
+        self._leave(fail, "deployments.promote", None, None)

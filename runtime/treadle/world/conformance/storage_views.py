@@ -15,7 +15,7 @@ import pytest
 from pydantic import JsonValue
 
 from treadle import errors
-from treadle.world import events
+from treadle.world import events, ids
 from treadle.world.conformance import support
 from treadle.world.conformance.harness import WorldHarness
 
@@ -308,3 +308,88 @@ class StorageViewsConformance:
             assert record is not None
             assert record.catalogue == second
             assert record.created_at == made.created_at
+
+    async def test_runs_create_refuses_a_retired_deployment(self, harness: WorldHarness) -> None:
+        """Review R1: a new run on a retired deployment is DeploymentRetired, nothing recorded.
+
+        A start that read "latest" a moment before a rollout retired it must not
+        record its run there (nobody would serve it); a retried create of a run
+        made before the retire still returns that run.
+        """
+        deployment = support.unique("retiring")
+        async with support.opened(harness) as world:
+            await world.deployments.register(deployment)
+            before = await support.new_run(world, deployment_id=deployment)
+            await world.deployments.retire(deployment)
+            refused_id = ids.new_run_id()
+            with pytest.raises(errors.DeploymentRetired) as caught:
+                await support.new_run(world, deployment_id=deployment, run_id=refused_id)
+            assert caught.value.deployment_id == deployment
+            with pytest.raises(errors.RunNotFound):
+                await world.runs.get(refused_id)
+            page = await world.runs.list(deployment_id=deployment)
+            assert [r.run_id for r in page.runs] == [before.run_id]
+            again = await support.new_run(world, deployment_id=deployment, run_id=before.run_id)
+            assert again.run_id == before.run_id
+
+    async def test_a_retire_racing_creates_orders_before_or_after_each(
+        self, harness: WorldHarness
+    ) -> None:
+        """Review R1: creates racing a retire each succeed (recorded) or are refused (nothing).
+
+        Every create that returned is in the log; once ``retire`` returned, no create
+        is accepted.
+        """
+        deployment = support.unique("racing")
+        async with support.opened(harness) as world:
+            await world.deployments.register(deployment)
+
+            async def create() -> str | None:
+                try:
+                    return (await support.new_run(world, deployment_id=deployment)).run_id
+                except errors.DeploymentRetired:
+                    return None
+
+            results = await asyncio.gather(
+                *(create() for _ in range(10)),
+                world.deployments.retire(deployment),
+                *(create() for _ in range(10)),
+            )
+            made = {r for r in results if isinstance(r, str)}
+            page = await world.runs.list(deployment_id=deployment)
+            assert {r.run_id for r in page.runs} == made
+            with pytest.raises(errors.DeploymentRetired):
+                await support.new_run(world, deployment_id=deployment)
+
+    async def test_latest_is_the_newest_promoted_deployment(self, harness: WorldHarness) -> None:
+        """Review R12: once promoted, a registration no longer moves the latest; promote does."""
+        blue, green, red = (support.unique(c) for c in ("blue", "green", "red"))
+        async with support.opened(harness) as world:
+            try:
+                await world.deployments.register(blue)
+                await world.deployments.promote(blue)
+                await world.deployments.promote(blue)  # idempotent
+                assert await world.deployments.latest() == blue
+                made = await world.deployments.register(green, catalogue={"wf": {}})
+                assert not made.promoted
+                assert await world.deployments.latest() == blue  # registered, not promoted
+                await world.deployments.promote(green)
+                assert await world.deployments.latest() == green
+                promoted = await world.deployments.get(green)
+                assert promoted is not None
+                assert promoted.promoted
+                await world.deployments.promote(blue)  # a rollback
+                assert await world.deployments.latest() == blue
+                await world.deployments.retire(blue)
+                assert await world.deployments.latest() == green
+                with pytest.raises(errors.DeploymentRetired):
+                    await world.deployments.promote(blue)
+                await world.deployments.promote(red)  # unknown: recorded, then promoted
+                record = await world.deployments.get(red)
+                assert record is not None
+                assert not record.retired
+                assert await world.deployments.latest() == red
+            finally:  # leave no promoted deployment behind for Worlds shared across tests
+                for deployment in (blue, green, red):
+                    await world.deployments.retire(deployment)
+            assert await world.deployments.latest() not in (blue, green, red)

@@ -38,7 +38,7 @@ log = logging.getLogger("treadle.worlds.local")
 
 T = TypeVar("T")
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 # Statements that bring a database at version N - 1 to version N.
 UPGRADES = {
     2: [
@@ -47,6 +47,7 @@ UPGRADES = {
         "retired INTEGER NOT NULL DEFAULT 0)"
     ],
     3: ["ALTER TABLE deployments ADD COLUMN catalogue TEXT"],
+    4: ["ALTER TABLE deployments ADD COLUMN promoted INTEGER"],
 }
 # "trdl": marks a SQLite file as a treadle local World.
 APPLICATION_ID = 0x7472646C

@@ -469,6 +469,12 @@ def create_run(
                 deployment_id=deployment_id,
             )  # fmt: skip
             return False, existing
+        # Checked in the transaction that inserts: a retire is before or after it (R1).
+        retired = conn.execute(
+            "SELECT retired FROM deployments WHERE deployment_id = ?", (deployment_id,)
+        ).fetchone()
+        if retired is not None and retired[0]:
+            raise errors.DeploymentRetired(deployment_id, run_id)
         at = now_us()
         conn.execute(
             "INSERT INTO runs (run_id, workflow_name, deployment_id, spec_version, status, "

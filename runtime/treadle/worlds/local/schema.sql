@@ -110,11 +110,13 @@ CREATE TABLE queue_dead_letters (
     dead_at         INTEGER NOT NULL
 );
 
--- Deployment revisions that serve runs (schema version 2; catalogue since 3).
+-- Deployment revisions that serve runs (schema version 2; catalogue since 3;
+-- promoted since 4: the order of Deployments.promote, NULL when never promoted).
 CREATE TABLE deployments (
     deployment_id  TEXT PRIMARY KEY,
     created_at     INTEGER NOT NULL,
     registered     INTEGER NOT NULL,
     retired        INTEGER NOT NULL DEFAULT 0,
-    catalogue      TEXT
+    catalogue      TEXT,
+    promoted       INTEGER
 );

@@ -365,7 +365,7 @@ class LocalHooks:
         )
 
 
-_DEPLOYMENT_COLUMNS = "deployment_id, created_at, retired, catalogue"
+_DEPLOYMENT_COLUMNS = "deployment_id, created_at, retired, catalogue, promoted IS NOT NULL"
 
 
 def _deployment(row: tuple[object, ...]) -> records.DeploymentRecord:
@@ -374,6 +374,7 @@ def _deployment(row: tuple[object, ...]) -> records.DeploymentRecord:
         created_at=from_us(cast(int, row[1])),
         retired=bool(row[2]),
         catalogue=_opt_json(cast(str | None, row[3])),
+        promoted=bool(row[4]),
     )
 
 
@@ -423,7 +424,7 @@ class LocalDeployments:
         def query(conn: sqlite3.Connection) -> str | None:
             row = conn.execute(
                 "SELECT deployment_id FROM deployments WHERE retired = 0 "
-                "ORDER BY registered DESC LIMIT 1"
+                "ORDER BY promoted IS NULL, promoted DESC, registered DESC LIMIT 1"
             ).fetchone()
             return None if row is None else str(row[0])
 
@@ -434,6 +435,36 @@ class LocalDeployments:
             with transaction(conn):
                 conn.execute(
                     "UPDATE deployments SET retired = 1 WHERE deployment_id = ?", (deployment_id,)
+                )
+
+        await self._db.call(update)
+
+    async def promote(self, deployment_id: str) -> None:
+        if not deployment_id:
+            raise errors.WorldContractError("a deployment id must not be empty")
+
+        def update(conn: sqlite3.Connection) -> None:
+            with transaction(conn):
+                row = conn.execute(
+                    "SELECT retired, promoted, (SELECT MAX(promoted) FROM deployments) "
+                    "FROM deployments WHERE deployment_id = ?",
+                    (deployment_id,),
+                ).fetchone()
+                if row is None:
+                    conn.execute(
+                        "INSERT INTO deployments (deployment_id, created_at, registered) "
+                        "VALUES (?, ?, (SELECT COALESCE(MAX(registered), 0) + 1 FROM deployments))",
+                        (deployment_id, now_us()),
+                    )
+                elif row[0]:
+                    raise errors.DeploymentRetired(deployment_id)
+                elif row[1] is not None and row[1] == row[2]:
+                    return  # already the newest promoted
+                conn.execute(
+                    "UPDATE deployments SET promoted = "
+                    "(SELECT COALESCE(MAX(promoted), 0) + 1 FROM deployments) "
+                    "WHERE deployment_id = ?",
+                    (deployment_id,),
                 )
 
         await self._db.call(update)

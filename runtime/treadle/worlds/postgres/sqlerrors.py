@@ -1,9 +1,10 @@
 """Postgres errors as treadle errors.
 
 The append functions (``migrations/0001_init.sql``, ``0004_one_outcome.sql``,
-``0006_stale_step_start.sql``) raise with SQLSTATEs of the class ``TRD`` and a
-JSON ``DETAIL`` carrying the error's attributes; batch item refusals come back as
-rows with the same code and detail. ``world_error`` turns either into the
+``0006_stale_step_start.sql``, ``0008_deployment_rollout.sql``) raise with
+SQLSTATEs of the class ``TRD`` and a JSON ``DETAIL`` carrying the error's
+attributes; batch item refusals come back as rows with the same code and
+detail. ``world_error`` turns either into the
 ``treadle.errors`` type the local World raises, with the same attributes and
 message. ``storage_error`` maps everything else: a login the server refuses (a
 password, a certificate, TLS) is ``WorldAuthFailed`` (``transport``), a lost or
@@ -30,6 +31,7 @@ HOOK_NOT_FOUND = "TRD06"
 EARLIER_ITEM_REFUSED = "TRD07"
 WAIT_ALREADY_COMPLETED = "TRD08"  # migration 0004
 STALE_STEP_START = "TRD09"  # migration 0006
+DEPLOYMENT_RETIRED = "TRD10"  # migration 0008
 
 # SQLSTATE classes of a connection that is gone or refused (08, 53, 57) and of
 # functions or tables that do not exist (the schema is missing or behind).
@@ -90,6 +92,8 @@ def world_error(
         )
     if code == HOOK_NOT_FOUND:
         return errors.HookNotFound(hook_id=str(facts["hook_id"]), run_id=run_id)
+    if code == DEPLOYMENT_RETIRED:
+        return errors.DeploymentRetired(str(facts["deployment_id"]), run_id or None)
     if code == EARLIER_ITEM_REFUSED:
         return errors.EarlierItemRefused(
             run_id, correlation_id=str(facts["correlation_id"]), index=int(facts["index"])

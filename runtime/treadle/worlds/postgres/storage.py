@@ -269,7 +269,7 @@ class PostgresDeployments:
     async def latest(self) -> str | None:
         row = await self._db.fetchrow(
             "SELECT deployment_id FROM treadle_deployments WHERE NOT retired "
-            "ORDER BY registered DESC LIMIT 1"
+            "ORDER BY promoted DESC NULLS LAST, registered DESC LIMIT 1"
         )
         return None if row is None else str(row["deployment_id"])
 
@@ -279,8 +279,28 @@ class PostgresDeployments:
             deployment_id,
         )
 
+    async def promote(self, deployment_id: str) -> None:
+        if not deployment_id:
+            raise errors.WorldContractError("a deployment id must not be empty")
+        # One statement: insert if unknown; bump unless already the newest promoted.
+        row = await self._db.fetchrow(
+            "INSERT INTO treadle_deployments AS d (deployment_id, promoted) "
+            "VALUES ($1, nextval('treadle_deployment_promotions')) "
+            "ON CONFLICT (deployment_id) DO UPDATE SET promoted = CASE "
+            "WHEN d.promoted IS NOT NULL AND d.promoted = "
+            "(SELECT MAX(promoted) FROM treadle_deployments) THEN d.promoted "
+            "ELSE EXCLUDED.promoted END WHERE NOT d.retired "
+            "RETURNING d.deployment_id",
+            deployment_id,
+        )
+        if row is None:
+            raise errors.DeploymentRetired(deployment_id)
 
-_DEPLOYMENT_COLUMNS = "deployment_id, created_at, retired, catalogue::text AS catalogue"
+
+_DEPLOYMENT_COLUMNS = (
+    "deployment_id, created_at, retired, catalogue::text AS catalogue, "
+    "promoted IS NOT NULL AS promoted"
+)
 
 
 def _deployment(row: Any) -> records.DeploymentRecord:
@@ -290,6 +310,7 @@ def _deployment(row: Any) -> records.DeploymentRecord:
         created_at=row["created_at"],
         retired=bool(row["retired"]),
         catalogue=None if catalogue is None else json.loads(catalogue),
+        promoted=bool(row["promoted"]),
     )
 
 
