@@ -26,6 +26,7 @@ from treadle_operator.errors import (
     WorldHostRefused,
     WorldSecretForbidden,
     WorldSecretMissing,
+    WorldSecretUnreadable,
     WorldUnavailable,
 )
 from treadle_operator.models import (
@@ -105,7 +106,9 @@ async def reconcile(state: State, body: dict[str, Any]) -> None:
         world = await state.worlds.get(namespace, spec.world)
     except WorldUnavailable as exc:
         reason = (
-            "SecretMissing"
+            "SecretUnreadable"
+            if isinstance(exc, WorldSecretUnreadable)
+            else "SecretMissing"
             if isinstance(exc, WorldSecretMissing)
             else "SecretForbidden"
             if isinstance(exc, WorldSecretForbidden)
@@ -161,6 +164,7 @@ async def reconcile(state: State, body: dict[str, Any]) -> None:
                     role=role,
                     replicas=replicas,
                     transport_keys=state.worlds.transport_keys(namespace, spec.world),
+                    secret_checksum=state.worlds.secret_checksum(namespace, spec.world),
                 )
             )
         state.owners[revision_id] = Owner(namespace, name, spec.mirror_runs)

@@ -8,7 +8,6 @@ Every verb used here is listed in ``permissions.OPERATOR_RULES``; a 404 where
 
 from __future__ import annotations
 
-import base64
 import logging
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -17,8 +16,9 @@ from typing import Any, cast
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from treadle_operator import models
+from treadle_operator import manifests, models
 from treadle_operator.errors import NotConfigured, WorldSecretForbidden
+from treadle_operator.secretdata import SecretData
 
 log = logging.getLogger("treadle.operator.kube")
 
@@ -81,8 +81,9 @@ class Kube:
 
     # -- secrets --------------------------------------------------------------------------
 
-    async def secret(self, namespace: str, name: str) -> dict[str, str] | None:
-        """A Secret's data, decoded; ``None`` when there is no such Secret."""
+    async def secret(self, namespace: str, name: str) -> SecretData | None:
+        """A Secret's data, each key decoded when read (``secretdata``); ``None`` when there
+        is no such Secret."""
         try:
             found = await self.core.read_namespaced_secret(name, namespace)
         except ApiException as exc:
@@ -95,8 +96,8 @@ class Kube:
                     "namespaces it serves"
                 ) from None
             raise
-        data = found.data or {}
-        return {k: base64.b64decode(v).decode() for k, v in data.items()}
+        version = found.metadata.resource_version if found.metadata is not None else None
+        return SecretData(f"{namespace}/{name}", found.data or {}, version)
 
     # -- worker Deployments ----------------------------------------------------------------
 
@@ -286,6 +287,10 @@ def _template_differs(current: Any, wanted: dict[str, Any]) -> bool:
     want_container = wanted["spec"]["containers"][0]
     # securityContext too: an operator upgrade hardens the workers it already runs.
     keys = ("image", "args", "command", "securityContext")
+    if (current.get("metadata", {}).get("annotations") or {}).get(
+        manifests.CHECKSUM_ANNOTATION
+    ) != (wanted.get("metadata", {}).get("annotations") or {}).get(manifests.CHECKSUM_ANNOTATION):
+        return True  # the World Secret changed (or an older operator made it): roll (R9)
     if (current.get("spec", {}).get("securityContext") or {}) != (
         wanted["spec"].get("securityContext") or {}
     ):

@@ -123,6 +123,20 @@ class StatusSync:
         with contextlib.suppress(Exception):
             await asyncio.wait_for(asyncio.shield(ready), 10)
 
+    async def replaced(
+        self, urls: WorldUrls, old: PostgresNatsWorld, new: PostgresNatsWorld
+    ) -> None:
+        """``Worlds.on_replaced``: the connection at ``urls`` gave way to ``new`` (a rotated
+        Secret). Stop its LISTEN and refresh the runs it served on ``new`` (whose LISTEN
+        ``listen`` started when it opened), so nothing keeps the stale connection."""
+        task = self._listeners.pop(urls, None)
+        if task is not None:
+            task.cancel()
+        for run_id, tracked in self._runs.items():
+            if tracked.world is old:
+                tracked.world = new
+                self.poke(run_id)
+
     async def _listen_forever(
         self, urls: WorldUrls, world: PostgresNatsWorld, ready: asyncio.Future[None]
     ) -> None:

@@ -7,11 +7,24 @@ The Secret's optional transport keys (``transport``: NATS credentials and TLS,
 Postgres TLS) apply to the operator's connection as to the workers'.
 The operator never consumes a queue, so the deployment id a connection is
 opened with does not matter: sends are routed by each message's own.
+
+Rotation (review R9). A connection is keyed by what the Secret says (the URLs,
+credentials included, and the transport settings), read again on every ``get``
+(every reconcile). When a Secret's content changes, the next ``get`` opens a
+connection for the new content and, once no Secret read names the old content
+any more, *replaces* the old one: ``current(old)`` answers the new connection
+from then on, ``on_replaced(old_urls, old, new)`` tells the holders (the status
+sync stops the old LISTEN and moves its runs), and the old connection is
+closed ``CLOSE_GRACE_SECONDS`` later (calls already under way on it may end).
+``generation`` counts replacements, for holders that would rather poll.
+``secret_checksum`` is the digest of the keys the workers read, for the worker
+Deployments' pod template annotation (a change rolls them).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -45,6 +58,10 @@ class WorldUrls:
 
 
 OnOpened = Callable[[WorldUrls, PostgresNatsWorld], Awaitable[None]]
+# (the replaced connection's URLs, that connection, the one replacing it)
+OnReplaced = Callable[[WorldUrls, PostgresNatsWorld, PostgresNatsWorld], Awaitable[None]]
+SecretKey = tuple[str, str]  # (namespace, Secret name)
+CLOSE_GRACE_SECONDS = 5.0
 
 
 class Worlds:
@@ -53,13 +70,20 @@ class Worlds:
         kube: Kube,
         on_opened: OnOpened | None = None,
         allowed_hosts: worldhosts.Allowed = worldhosts.ANY,
+        on_replaced: OnReplaced | None = None,
     ) -> None:
         self._kube = kube
         self._allowed_hosts = allowed_hosts
         self._open: dict[WorldUrls, PostgresNatsWorld] = {}
         self._lock = asyncio.Lock()
         self._on_opened = on_opened
-        self._transport_keys: dict[tuple[str, str], frozenset[str]] = {}
+        self.on_replaced = on_replaced
+        self._transport_keys: dict[SecretKey, frozenset[str]] = {}
+        self._checksums: dict[SecretKey, str] = {}
+        self._named: dict[SecretKey, WorldUrls] = {}  # what each Secret said when last read
+        self._successor: dict[int, tuple[PostgresNatsWorld, PostgresNatsWorld]] = {}
+        self._closing: set[asyncio.Task[None]] = set()
+        self.generation = 0
 
     async def urls(self, namespace: str, ref: WorldRef) -> WorldUrls:
         data = await self._kube.secret(namespace, ref.secret_name)
@@ -73,6 +97,8 @@ class Worlds:
         where = f"{namespace}/{ref.secret_name}"
         keys = transport.present(data)
         self._transport_keys[(namespace, ref.secret_name)] = keys
+        read = (ref.database_url_key, ref.nats_url_key, ref.payload_key_key, *keys)
+        self._checksums[(namespace, ref.secret_name)] = data.checksum(read)
         if not keys:
             return WorldUrls(data[ref.database_url_key], data[ref.nats_url_key])
         tls = transport.operator_transport(where, data)
@@ -86,10 +112,14 @@ class Worlds:
         """The transport keys the Secret held when last read (for the worker pods)."""
         return self._transport_keys.get((namespace, ref.secret_name), frozenset())
 
+    def secret_checksum(self, namespace: str, ref: WorldRef) -> str | None:
+        """The digest of the keys the workers read, as last read (``None``: not read yet)."""
+        return self._checksums.get((namespace, ref.secret_name))
+
     async def payload_keys(self, namespace: str, ref: WorldRef) -> payloads.KeyRing | None:
         """The payload keys the World Secret carries (its workers' TREADLE_PAYLOAD_KEY)."""
         data = await self._kube.secret(namespace, ref.secret_name)
-        text = (data or {}).get(ref.payload_key_key)
+        text = data.get(ref.payload_key_key) if data is not None else None
         if not text:
             return None
         try:
@@ -100,28 +130,88 @@ class Worlds:
             raise WorldSecretMissing(str(exc)) from None
 
     async def get(self, namespace: str, ref: WorldRef) -> PostgresNatsWorld:
+        """The open connection for what the Secret says now (opening it, replacing one
+        the Secret named before when nothing else names that one)."""
         urls = await self.urls(namespace, ref)
         worldhosts.check(self._allowed_hosts, urls.database_url, urls.nats_url)
+        opened = False
         async with self._lock:
             world = self._open.get(urls)
-            if world is not None:
-                return world
-            try:
-                world = await PostgresNatsWorld.connect(
-                    urls.database_url,
-                    urls.nats_url,
-                    deployment_id="treadle-operator",
-                    transport=Transport(nats=urls.nats),
-                )
-            except Exception as exc:
-                raise WorldUnavailable(f"cannot open the World at {urls}: {exc}") from exc
-            self._open[urls] = world
-            log.info("opened the World at %s", urls)
-        if self._on_opened is not None:
+            if world is None:
+                try:
+                    world = await PostgresNatsWorld.connect(
+                        urls.database_url,
+                        urls.nats_url,
+                        deployment_id="treadle-operator",
+                        transport=Transport(nats=urls.nats),
+                    )
+                except Exception as exc:
+                    raise WorldUnavailable(f"cannot open the World at {urls}: {exc}") from exc
+                self._open[urls] = world
+                opened = True
+                log.info("opened the World at %s", urls)
+            before = self._named.get((namespace, ref.secret_name))
+            self._named[(namespace, ref.secret_name)] = urls
+            stale = None
+            if before is not None and before != urls and before not in self._named.values():
+                stale = before, self._open.pop(before, None)
+        if opened and self._on_opened is not None:
             await self._on_opened(urls, world)
+        if stale is not None and stale[1] is not None:
+            await self._replace(stale[0], stale[1], world, f"{namespace}/{ref.secret_name}")
         return world
 
+    def current(self, world: PostgresNatsWorld) -> PostgresNatsWorld:
+        """The connection serving what ``world`` served: itself, or what replaced it."""
+        seen = 0
+        while (found := self._successor.get(id(world))) is not None and seen < 1000:
+            world, seen = found[1], seen + 1
+        return world
+
+    async def _replace(
+        self, urls: WorldUrls, old: PostgresNatsWorld, new: PostgresNatsWorld, secret: str
+    ) -> None:
+        # The old object is kept in the map, so its id is never reused while mapped.
+        self._successor[id(old)] = (old, new)
+        self.generation += 1
+        log.info(
+            "Secret %s changed: the World connection at %s is replaced by one at %s; "
+            "closing the old one in %.0f s",
+            secret,
+            urls,
+            self._key_of(new),
+            CLOSE_GRACE_SECONDS,
+        )
+        if self.on_replaced is not None:
+            try:
+                await self.on_replaced(urls, old, new)
+            except Exception as exc:  # a holder's trouble never keeps the old one open
+                log.warning("telling holders of the World at %s of its replacement: %s", urls, exc)
+        task = asyncio.get_running_loop().create_task(
+            self._close_later(urls, old), name=f"treadle-operator-close {urls}"
+        )
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
+    def _key_of(self, world: PostgresNatsWorld) -> WorldUrls | str:
+        return next((u for u, w in self._open.items() if w is world), "?")
+
+    async def _close_later(self, urls: WorldUrls, world: PostgresNatsWorld) -> None:
+        try:
+            await asyncio.sleep(CLOSE_GRACE_SECONDS)
+        finally:
+            try:
+                await world.close()
+                log.info("closed the replaced World connection at %s", urls)
+            except Exception as exc:
+                log.warning("closing the replaced World connection at %s: %s", urls, exc)
+
     async def close(self) -> None:
+        for task in list(self._closing):
+            task.cancel()  # closes the replaced connection now
+        for task in list(self._closing):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
         async with self._lock:
             opened, self._open = list(self._open.values()), {}
         for world in opened:
