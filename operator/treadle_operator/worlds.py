@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -57,6 +58,16 @@ class WorldUrls:
         return f"WorldUrls({self})"
 
 
+@dataclass(frozen=True)
+class _Reading:
+    """One read of a World Secret: the URLs, and what the worker pods get from it."""
+
+    urls: WorldUrls
+    transport_keys: frozenset[str]
+    checksum: str
+    resource_version: str | None
+
+
 OnOpened = Callable[[WorldUrls, PostgresNatsWorld], Awaitable[None]]
 # (the replaced connection's URLs, that connection, the one replacing it)
 OnReplaced = Callable[[WorldUrls, PostgresNatsWorld, PostgresNatsWorld], Awaitable[None]]
@@ -80,12 +91,19 @@ class Worlds:
         self.on_replaced = on_replaced
         self._transport_keys: dict[SecretKey, frozenset[str]] = {}
         self._checksums: dict[SecretKey, str] = {}
+        self._versions: dict[SecretKey, str | None] = {}
+        self._reads = itertools.count()  # orders Secret reads, so an older one never wins
+        self._applied: dict[SecretKey, int] = {}
         self._named: dict[SecretKey, WorldUrls] = {}  # what each Secret said when last read
         self._successor: dict[int, tuple[PostgresNatsWorld, PostgresNatsWorld]] = {}
         self._closing: set[asyncio.Task[None]] = set()
         self.generation = 0
 
     async def urls(self, namespace: str, ref: WorldRef) -> WorldUrls:
+        """What the Secret says now (read, never recorded: ``get`` records what it applies)."""
+        return (await self._read(namespace, ref)).urls
+
+    async def _read(self, namespace: str, ref: WorldRef) -> _Reading:
         data = await self._kube.secret(namespace, ref.secret_name)
         if data is None:
             raise WorldSecretMissing(f"Secret {namespace}/{ref.secret_name} does not exist")
@@ -96,24 +114,26 @@ class Worlds:
             )
         where = f"{namespace}/{ref.secret_name}"
         keys = transport.present(data)
-        self._transport_keys[(namespace, ref.secret_name)] = keys
         read = (ref.database_url_key, ref.nats_url_key, ref.payload_key_key, *keys)
-        self._checksums[(namespace, ref.secret_name)] = data.checksum(read)
+        checksum, version = data.checksum(read), data.resource_version
         if not keys:
-            return WorldUrls(data[ref.database_url_key], data[ref.nats_url_key])
+            urls = WorldUrls(data[ref.database_url_key], data[ref.nats_url_key])
+            return _Reading(urls, keys, checksum, version)
         tls = transport.operator_transport(where, data)
         try:
             database_url = tls.postgres.dsn(data[ref.database_url_key])
         except Exception as exc:
             raise WorldSecretMissing(f"Secret {where}: {exc}") from None
-        return WorldUrls(database_url, data[ref.nats_url_key], tls.nats)
+        urls = WorldUrls(database_url, data[ref.nats_url_key], tls.nats)
+        return _Reading(urls, keys, checksum, version)
 
     def transport_keys(self, namespace: str, ref: WorldRef) -> frozenset[str]:
-        """The transport keys the Secret held when last read (for the worker pods)."""
+        """The transport keys the Secret held when ``get`` last read it (for the worker pods)."""
         return self._transport_keys.get((namespace, ref.secret_name), frozenset())
 
     def secret_checksum(self, namespace: str, ref: WorldRef) -> str | None:
-        """The digest of the keys the workers read, as last read (``None``: not read yet)."""
+        """The digest of the keys the workers read, as ``get`` last read them (``None``: not
+        yet)."""
         return self._checksums.get((namespace, ref.secret_name))
 
     async def payload_keys(self, namespace: str, ref: WorldRef) -> payloads.KeyRing | None:
@@ -132,10 +152,17 @@ class Worlds:
     async def get(self, namespace: str, ref: WorldRef) -> PostgresNatsWorld:
         """The open connection for what the Secret says now (opening it, replacing one
         the Secret named before when nothing else names that one)."""
-        urls = await self.urls(namespace, ref)
+        key = (namespace, ref.secret_name)
+        ticket = next(self._reads)
+        reading = await self._read(namespace, ref)
+        urls = reading.urls
         worldhosts.check(self._allowed_hosts, urls.database_url, urls.nats_url)
         opened = False
         async with self._lock:
+            newer = self._named.get(key)
+            if self._applied.get(key, -1) > ticket and newer is not None and newer in self._open:
+                return self._open[newer]  # a later read of the Secret won: never go back
+            self._applied[key] = ticket
             world = self._open.get(urls)
             if world is None:
                 try:
@@ -150,15 +177,20 @@ class Worlds:
                 self._open[urls] = world
                 opened = True
                 log.info("opened the World at %s", urls)
-            before = self._named.get((namespace, ref.secret_name))
-            self._named[(namespace, ref.secret_name)] = urls
+            before = self._named.get(key)
+            self._named[key] = urls
+            self._transport_keys[key] = reading.transport_keys
+            self._checksums[key] = reading.checksum
+            self._versions[key] = reading.resource_version
             stale = None
             if before is not None and before != urls and before not in self._named.values():
                 stale = before, self._open.pop(before, None)
         if opened and self._on_opened is not None:
             await self._on_opened(urls, world)
         if stale is not None and stale[1] is not None:
-            await self._replace(stale[0], stale[1], world, f"{namespace}/{ref.secret_name}")
+            version = self._versions.get(key)
+            where = f"{namespace}/{ref.secret_name} (resourceVersion {version})"
+            await self._replace(stale[0], stale[1], world, where)
         return world
 
     def current(self, world: PostgresNatsWorld) -> PostgresNatsWorld:
@@ -175,11 +207,10 @@ class Worlds:
         self._successor[id(old)] = (old, new)
         self.generation += 1
         log.info(
-            "Secret %s changed: the World connection at %s is replaced by one at %s; "
-            "closing the old one in %.0f s",
+            "Secret %s changed: its World connection at %s is replaced by a new one; "
+            "the old one closes in %.0f s",
             secret,
             urls,
-            self._key_of(new),
             CLOSE_GRACE_SECONDS,
         )
         if self.on_replaced is not None:
@@ -192,9 +223,6 @@ class Worlds:
         )
         self._closing.add(task)
         task.add_done_callback(self._closing.discard)
-
-    def _key_of(self, world: PostgresNatsWorld) -> WorldUrls | str:
-        return next((u for u, w in self._open.items() if w is world), "?")
 
     async def _close_later(self, urls: WorldUrls, world: PostgresNatsWorld) -> None:
         try:

@@ -155,7 +155,9 @@ def test_a_rotated_world_secret_replaces_the_connection_and_rolls_the_workers(
     assert json.loads(done["output"])["approved"] is True
     shop.start("after", "greet", {"name": "rotated"})
     assert json.loads(shop.phase("after", "Completed")["output"])["hello"] == "rotated"
-    assert "is replaced by one at" in shop.operator.log()
+    assert (
+        "Secret shop-" in shop.operator.log() and "is replaced by a new one" in shop.operator.log()
+    )
 
     # A URL key whose value is not text: a condition naming the key, never a crash loop.
     shop.kube.rest.patch(f"{secrets}/treadle-world", {"data": {"database-url": BINARY}})
