@@ -337,7 +337,7 @@ def test_runs_started_from_code_are_mirrored_when_asked(shop: Shop) -> None:
     assert obj["status"]["mirrored"] is True  # type: ignore[index]
     assert obj["spec"] == {"deployment": "shop", "workflow": "greet",  # type: ignore[index]
                            "input": {"name": "mirror"}, "cancel": False,
-                           "onDelete": "Cancel"}  # fmt: skip
+                           "onDelete": "Cancel", "recordOutput": True}  # fmt: skip
 
 
 def test_step_workers_scale_with_the_step_backlog(shop_factory: Callable[[], Shop]) -> None:
