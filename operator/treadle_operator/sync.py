@@ -65,6 +65,7 @@ class StatusSync:
         self._dirty: set[str] = set()
         self._wake = asyncio.Event()
         self._listeners: dict[WorldUrls, asyncio.Task[None]] = {}
+        self._listening: dict[int, WorldUrls] = {}  # id(world) -> its LISTEN's key
         self._refresher: asyncio.Task[None] | None = None
         self._closed = False
 
@@ -117,19 +118,19 @@ class StatusSync:
         if urls in self._listeners or self._closed:
             return
         ready = asyncio.get_running_loop().create_future()
+        self._listening[id(world)] = urls
         self._listeners[urls] = asyncio.get_running_loop().create_task(
             self._listen_forever(urls, world, ready), name=f"treadle-operator-listen {urls}"
         )
         with contextlib.suppress(Exception):
             await asyncio.wait_for(asyncio.shield(ready), 10)
 
-    async def replaced(
-        self, urls: WorldUrls, old: PostgresNatsWorld, new: PostgresNatsWorld
-    ) -> None:
-        """``Worlds.on_replaced``: the connection at ``urls`` gave way to ``new`` (a rotated
-        Secret). Stop its LISTEN and refresh the runs it served on ``new`` (whose LISTEN
-        ``listen`` started when it opened), so nothing keeps the stale connection."""
-        task = self._listeners.pop(urls, None)
+    async def repoint(self, old: PostgresNatsWorld, new: PostgresNatsWorld) -> None:
+        """``Worlds.on_replaced``: ``old`` gave way to ``new`` (its Secret rotated). Stop the
+        old LISTEN and refresh the runs it served on ``new`` (whose LISTEN ``listen``
+        started when it opened), so nothing keeps the stale connection."""
+        urls = self._listening.pop(id(old), None)
+        task = self._listeners.pop(urls, None) if urls is not None else None
         if task is not None:
             task.cancel()
         for run_id, tracked in self._runs.items():

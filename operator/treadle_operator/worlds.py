@@ -13,8 +13,8 @@ credentials included, and the transport settings), read again on every ``get``
 (every reconcile). When a Secret's content changes, the next ``get`` opens a
 connection for the new content and, once no Secret read names the old content
 any more, *replaces* the old one: ``current(old)`` answers the new connection
-from then on, ``on_replaced(old_urls, old, new)`` tells the holders (the status
-sync stops the old LISTEN and moves its runs), and the old connection is
+from then on, ``on_replaced(old, new)`` tells the holders (the status sync's
+``repoint`` stops the old LISTEN and moves its runs), and the old connection is
 closed ``CLOSE_GRACE_SECONDS`` later (calls already under way on it may end).
 ``generation`` counts replacements, for holders that would rather poll.
 ``secret_checksum`` is the digest of the keys the workers read, for the worker
@@ -69,8 +69,8 @@ class _Reading:
 
 
 OnOpened = Callable[[WorldUrls, PostgresNatsWorld], Awaitable[None]]
-# (the replaced connection's URLs, that connection, the one replacing it)
-OnReplaced = Callable[[WorldUrls, PostgresNatsWorld, PostgresNatsWorld], Awaitable[None]]
+# (the replaced connection, the one replacing it)
+OnReplaced = Callable[[PostgresNatsWorld, PostgresNatsWorld], Awaitable[None]]
 SecretKey = tuple[str, str]  # (namespace, Secret name)
 CLOSE_GRACE_SECONDS = 5.0
 
@@ -215,7 +215,7 @@ class Worlds:
         )
         if self.on_replaced is not None:
             try:
-                await self.on_replaced(urls, old, new)
+                await self.on_replaced(old, new)
             except Exception as exc:  # a holder's trouble never keeps the old one open
                 log.warning("telling holders of the World at %s of its replacement: %s", urls, exc)
         task = asyncio.get_running_loop().create_task(
