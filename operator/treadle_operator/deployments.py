@@ -37,6 +37,7 @@ from treadle_operator.errors import (
     WorldHostRefused,
     WorldSecretForbidden,
     WorldSecretMissing,
+    WorldSecretUnreadable,
     WorldUnavailable,
 )
 from treadle_operator.models import (
@@ -120,7 +121,9 @@ async def reconcile(state: State, body: dict[str, Any]) -> None:
         world = await state.worlds.get(namespace, spec.world)
     except WorldUnavailable as exc:
         reason = (
-            "SecretMissing"
+            "SecretUnreadable"
+            if isinstance(exc, WorldSecretUnreadable)
+            else "SecretMissing"
             if isinstance(exc, WorldSecretMissing)
             else "SecretForbidden"
             if isinstance(exc, WorldSecretForbidden)
@@ -180,6 +183,7 @@ async def reconcile(state: State, body: dict[str, Any]) -> None:
                 role=role,
                 replicas=replicas,
                 transport_keys=state.worlds.transport_keys(namespace, spec.world),
+                secret_checksum=state.worlds.secret_checksum(namespace, spec.world),
             )
             if draining and await state.kube.scale_deployment(manifest, pinned.followed(manifest)):
                 continue  # scaled; only the operator's own pod annotations followed

@@ -5,6 +5,7 @@
     OperatorError                 anything the operator raises on purpose
     ├── WorldUnavailable          the World a WorkflowDeployment names cannot be reached
     │   ├── WorldSecretMissing    its Secret, or a key in it, does not exist (retried)
+    │   │   └── WorldSecretUnreadable  a key it reads is not UTF-8 text (or base64)
     │   ├── WorldSecretForbidden  RBAC does not let the operator read that Secret
     │   └── WorldHostRefused      a URL's host is not in TREADLE_OPERATOR_WORLD_HOSTS
     ├── NotConfigured             no cluster: not in a Pod and no usable kubeconfig
@@ -28,6 +29,10 @@ class WorldUnavailable(OperatorError):
 
 class WorldSecretMissing(WorldUnavailable):
     """The Secret with the World's URLs, or one of its keys, is missing; retried."""
+
+
+class WorldSecretUnreadable(WorldSecretMissing):
+    """A key of the Secret the operator reads is not UTF-8 text; the message names it."""
 
 
 class WorldSecretForbidden(WorldUnavailable):

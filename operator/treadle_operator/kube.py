@@ -8,7 +8,6 @@ Every verb used here is listed in ``permissions.OPERATOR_RULES``; a 404 where
 
 from __future__ import annotations
 
-import base64
 import json
 import logging
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from treadle_operator import models
 from treadle_operator.errors import DeploymentRefused, NotConfigured, WorldSecretForbidden
+from treadle_operator.secretdata import SecretData
 
 log = logging.getLogger("treadle.operator.kube")
 
@@ -84,8 +84,9 @@ class Kube:
 
     # -- secrets --------------------------------------------------------------------------
 
-    async def secret(self, namespace: str, name: str) -> dict[str, str] | None:
-        """A Secret's data, decoded; ``None`` when there is no such Secret."""
+    async def secret(self, namespace: str, name: str) -> SecretData | None:
+        """A Secret's data, each key decoded when read (``secretdata``); ``None`` when there
+        is no such Secret."""
         try:
             found = await self.core.read_namespaced_secret(name, namespace)
         except ApiException as exc:
@@ -98,8 +99,8 @@ class Kube:
                     "namespaces it serves"
                 ) from None
             raise
-        data = found.data or {}
-        return {k: base64.b64decode(v).decode() for k, v in data.items()}
+        version = found.metadata.resource_version if found.metadata is not None else None
+        return SecretData(f"{namespace}/{name}", found.data or {}, version)
 
     # -- worker Deployments ----------------------------------------------------------------
 

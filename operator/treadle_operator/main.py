@@ -34,6 +34,7 @@ async def run(namespaces: Sequence[str] = ()) -> None:
     worlds = Worlds(
         client,
         on_opened=sync.listen,
+        on_replaced=sync.repoint,
         allowed_hosts=worldhosts.parse(settings.TREADLE_OPERATOR_WORLD_HOSTS),
     )
     state = State(

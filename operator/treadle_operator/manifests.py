@@ -4,8 +4,15 @@ Each revision runs ``treadle worker MODULE --role orchestrator`` and ``--role
 steps`` in two apps/v1 Deployments, with the revision's deployment id in
 ``TREADLE_DEPLOYMENT_ID`` (so they consume only that revision's subjects) and
 the World's URLs from the Secret the WorkflowDeployment names, with its
-optional transport keys (credentials, TLS files; ``transport``). Both are owned
-by the WorkflowDeployment, so deleting it removes them. Pods run restricted
+optional transport keys (credentials, TLS files; ``transport``). The URLs are
+files of a read-only Secret volume (``TREADLE_DATABASE_URL_FILE``,
+``TREADLE_NATS_URL_FILE``), never environment variables, and the pod template
+carries ``CHECKSUM_ANNOTATION``, the digest of the Secret keys the workers
+read, so a rotated Secret rolls both Deployments (review R9). Both are owned
+by the WorkflowDeployment, so deleting it removes them; the ownerReference
+blocks the owner's foreground deletion, which under
+``OwnerReferencesPermissionEnforcement`` needs ``update`` on
+``workflowdeployments/finalizers`` (``permissions``, review R10). Pods run restricted
 (``podsecurity``: non-root, read-only root with an emptyDir at /tmp, no
 privilege escalation, no capabilities, RuntimeDefault seccomp).
 """
@@ -24,6 +31,11 @@ LABEL_DEPLOYMENT = "treadle.dev/deployment"
 LABEL_REVISION = "treadle.dev/revision"
 LABEL_ROLE = "treadle.dev/role"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "treadle-operator"}
+CHECKSUM_ANNOTATION = "treadle.dev/world-secret-checksum"
+# The World URLs' files in the Secret volume (``transport.MOUNT_PATH``).
+DATABASE_URL_FILE = "database-url"
+NATS_URL_FILE = "nats-url"
+MOUNT = transport.MOUNT_PATH
 
 
 def deployment_name(revision: str, role: Role) -> str:
@@ -67,14 +79,8 @@ def operator_env(
     return [
         {"name": "TREADLE_WORLD", "value": "postgres"},
         {"name": "TREADLE_DEPLOYMENT_ID", "value": revision},
-        {
-            "name": "TREADLE_DATABASE_URL",
-            "valueFrom": {"secretKeyRef": {"name": secret, "key": spec.world.database_url_key}},
-        },
-        {
-            "name": "TREADLE_NATS_URL",
-            "valueFrom": {"secretKeyRef": {"name": secret, "key": spec.world.nats_url_key}},
-        },
+        {"name": "TREADLE_DATABASE_URL_FILE", "value": f"{MOUNT}/{DATABASE_URL_FILE}"},
+        {"name": "TREADLE_NATS_URL_FILE", "value": f"{MOUNT}/{NATS_URL_FILE}"},
         {  # payload encryption at rest, when the World Secret carries keys
             "name": "TREADLE_PAYLOAD_KEY",
             "valueFrom": {
@@ -89,6 +95,27 @@ def operator_env(
     ]
 
 
+def world_volume(
+    spec: WorkflowDeploymentSpec, transport_keys: frozenset[str] = frozenset()
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The World Secret's volume (the URLs, and the transport keys that are files) and its
+    read-only mount at ``transport.MOUNT_PATH``."""
+    secret = spec.world.secret_name
+    items = [
+        {"key": spec.world.database_url_key, "path": DATABASE_URL_FILE},
+        {"key": spec.world.nats_url_key, "path": NATS_URL_FILE},
+    ]
+    files = transport.worker_volume(secret, transport_keys)
+    if files is not None:
+        items += files[0]["secret"]["items"]
+    volume = {
+        "name": transport.VOLUME,
+        "secret": {"secretName": secret, "defaultMode": transport.FILE_MODE, "items": items},
+    }
+    mount = {"name": transport.VOLUME, "mountPath": transport.MOUNT_PATH, "readOnly": True}
+    return volume, mount
+
+
 def worker_deployment(
     *,
     owner: str,
@@ -101,9 +128,11 @@ def worker_deployment(
     role: Role,
     replicas: int,
     transport_keys: frozenset[str] = frozenset(),
+    secret_checksum: str | None = None,
 ) -> dict[str, Any]:
     """One role's Deployment for ``revision`` (image and module are the revision's own);
-    ``transport_keys`` are the World Secret's transport keys (``transport.present``)."""
+    ``transport_keys`` are the World Secret's transport keys (``transport.present``),
+    ``secret_checksum`` the digest of the keys the workers read (``CHECKSUM_ANNOTATION``)."""
     tier = spec.orchestrator if role == "orchestrator" else spec.steps
     container: dict[str, Any] = {
         "name": "worker",
@@ -133,14 +162,16 @@ def worker_deployment(
         "securityContext": podsecurity.pod_security(spec),
         "volumes": [{"name": podsecurity.TMP_VOLUME, "emptyDir": {}}],
     }
-    files = transport.worker_volume(spec.world.secret_name, transport_keys)
-    if files is not None:
-        pod_spec["volumes"].append(files[0])
-        container["volumeMounts"].append(files[1])
+    files = world_volume(spec, transport_keys)
+    pod_spec["volumes"].append(files[0])
+    container["volumeMounts"].append(files[1])
     if spec.service_account_name:
         pod_spec["serviceAccountName"] = spec.service_account_name
     else:
         pod_spec["automountServiceAccountToken"] = False
+    pod_metadata: dict[str, Any] = {"labels": pod_labels}
+    if secret_checksum is not None:
+        pod_metadata["annotations"] = {CHECKSUM_ANNOTATION: secret_checksum}
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -155,7 +186,7 @@ def worker_deployment(
             "selector": {"matchLabels": {LABEL_REVISION: revision, LABEL_ROLE: role}},
             # spec.template merged under what the operator owns, with its hash (podtemplate)
             "template": podtemplate.merge(
-                {"metadata": {"labels": pod_labels}, "spec": pod_spec}, spec.template
+                {"metadata": pod_metadata, "spec": pod_spec}, spec.template
             ),
         },
     }

@@ -289,6 +289,11 @@ class WorkflowRunSpec(_Model):
         description="what deleting this object does to a run that has not ended: Cancel it, "
         "or Orphan it (the run goes on)",
     )
+    record_output: bool = Field(
+        default=True,
+        description="copy the run's output (truncated) into status.output; false keeps it out "
+        "of the object, which everyone who may get WorkflowRuns here can read",
+    )
 
 
 class StepCounts(_Model):

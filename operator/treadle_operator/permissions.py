@@ -30,6 +30,11 @@ or dropped here first. Why each rule is there:
   WorkflowDeployment names (``spec.world.secretName`` must be one of the names).
 - ``""`` ``events``: create, patch, Kubernetes Events for phase changes (kopf posts
   its own too).
+- ``treadle.dev`` ``workflowdeployments/finalizers``: update. No object is changed
+  through it: it is what ``OwnerReferencesPermissionEnforcement`` (OpenShift, and
+  clusters that enable the admission plugin) asks of whoever creates an object whose
+  ownerReference sets ``blockOwnerDeletion`` (the worker Deployments, owned by their
+  WorkflowDeployment). Any kind the operator makes owners of needs the same.
 - ``apiextensions.k8s.io`` ``customresourcedefinitions`` and ``""`` ``namespaces``:
   list, watch, so kopf can discover its resources and serve every namespace
   (cluster scope only).
@@ -89,6 +94,11 @@ NAMESPACED_RULES: tuple[PolicyRule, ...] = (
     ),
     PolicyRule(api_groups=("",), resources=("pods",), verbs=("get", "list", "watch")),
     PolicyRule(api_groups=("",), resources=("events",), verbs=("create", "patch")),
+    PolicyRule(
+        api_groups=("treadle.dev",),
+        resources=("workflowdeployments/finalizers",),
+        verbs=("update",),
+    ),
 )
 CLUSTER_ONLY_RULES: tuple[PolicyRule, ...] = (
     PolicyRule(

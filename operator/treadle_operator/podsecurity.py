@@ -62,9 +62,11 @@ def container_security(spec: WorkflowDeploymentSpec) -> dict[str, Any]:
 
 
 def reserved_names(operator_env: Iterable[dict[str, Any]]) -> frozenset[str]:
-    """The names the operator sets, and the ``NAME_FILE`` forms the runtime also reads."""
+    """The names the operator sets, and the ``NAME_FILE`` forms the runtime also reads
+    (and for a ``NAME_FILE`` it sets, ``NAME``, which the runtime would read first)."""
     names = {str(entry["name"]) for entry in operator_env}
-    return frozenset(names | {f"{name}_FILE" for name in names})
+    bases = {name.removesuffix("_FILE") for name in names if name.endswith("_FILE")}
+    return frozenset(names | bases | {f"{name}_FILE" for name in names})
 
 
 def reserved_env(

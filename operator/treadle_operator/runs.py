@@ -69,7 +69,7 @@ def _status(body: dict[str, Any]) -> WorkflowRunStatus:
 
 async def _patch(state: State, body: dict[str, Any], status: WorkflowRunStatus) -> None:
     meta = body["metadata"]
-    shown = runstatus.present(status, meta.get("generation"))
+    shown = runstatus.present_for(body, status)
     await state.kube.patch_status(PLURAL, meta["namespace"], meta["name"], models.dump(shown))
     await label(state, body, shown)
 

@@ -12,6 +12,8 @@ Every status the operator writes on a WorkflowRun passes through ``present``:
 - ``waitingOn`` bounded to the first ``WAITING_ON_LIMIT`` entries, with
   ``waitingOnCount`` the full number (review R6).
 
+``present_for`` is ``present`` for an object: its generation, and its
+``spec.recordOutput`` (false: ``status.output`` is never written, review R9).
 ``labels`` gives the object's ``treadle.dev/deployment``, ``/revision`` and
 ``/phase`` labels (``kubectl get wfr -l treadle.dev/phase=Failed``). Callers:
 ``runs`` (start, refusals, waiting) and ``sync`` (status from the log).
@@ -108,8 +110,24 @@ def terminal_conditions(status: WorkflowRunStatus) -> list[Condition]:
     ]
 
 
-def present(status: WorkflowRunStatus, generation: int | None) -> WorkflowRunStatus:
-    """The status as written: bounded, with its message, duration and terminal conditions."""
+def records_output(body: dict[str, Any]) -> bool:
+    """Whether the object asks for its run's output in status (``spec.recordOutput``)."""
+    return (body.get("spec") or {}).get("recordOutput") is not False
+
+
+def present_for(body: dict[str, Any], status: WorkflowRunStatus) -> WorkflowRunStatus:
+    """``present`` for the object ``body``: its generation and its ``spec.recordOutput``."""
+    generation = (body.get("metadata") or {}).get("generation")
+    return present(status, generation, record_output=records_output(body))
+
+
+def present(
+    status: WorkflowRunStatus, generation: int | None, *, record_output: bool = True
+) -> WorkflowRunStatus:
+    """The status as written: bounded, with its message, duration and terminal conditions
+    (without ``output`` when not ``record_output``)."""
+    if not record_output and status.output is not None:
+        status = status.model_copy(update={"output": None})
     finished = status.phase in ("Completed", "Failed", "Cancelled")
     waiting, count = list(status.waiting_on), status.waiting_on_count
     if len(waiting) > WAITING_ON_LIMIT or count < len(waiting):

@@ -294,9 +294,8 @@ class StatusSync:
             run = await world.runs.get(run_id)
         except engine_errors.RunNotFound:
             return
-        generation = (tracked.body.get("metadata") or {}).get("generation")
-        status = runstatus.present(
-            status_of(run, tracked.view, tracked.status, keys=tracked.keys), generation
+        status = runstatus.present_for(
+            tracked.body, status_of(run, tracked.view, tracked.status, keys=tracked.keys)
         )
         if status == tracked.shown:
             tracked.status = status

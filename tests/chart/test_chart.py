@@ -26,15 +26,26 @@ CRD_NAMES = {"workflowdeployments.treadle.dev", "workflowruns.treadle.dev"}
 WORLD = {"create": True, "databaseUrl": "postgresql://u:p@db:5432/t", "natsUrl": "nats://n:4222"}
 
 
+USER_ROLE = "UserClusterRole"  # how _by_kind files the users' aggregated ClusterRoles
+
+
 def _by_kind(overrides: dict[str, Any] | None = None) -> dict[str, list[dict[str, Any]]]:
     """The rendered objects by kind; the leader-election Role and binding apart, as
-    ``LeaderRole`` and ``LeaderRoleBinding`` (tests/chart/test_chart_leader.py)."""
+    ``LeaderRole`` and ``LeaderRoleBinding`` (tests/chart/test_chart_leader.py), and the
+    users' aggregated ClusterRoles (``rbac.userRoles``, which grant the operator nothing)
+    under ``USER_ROLE``."""
     found: dict[str, list[dict[str, Any]]] = {}
     for manifest in render.render_chart(CHART, overrides):
         leader = manifest.body["metadata"]["name"].endswith("-operator-leader")
-        found.setdefault(f"Leader{manifest.kind}" if leader else manifest.kind, []).append(
-            manifest.body
-        )
+        labels = manifest.body.get("metadata", {}).get("labels") or {}
+        aggregated = any(k.startswith("rbac.authorization.k8s.io/aggregate-to-") for k in labels)
+        if leader:
+            kind = f"Leader{manifest.kind}"
+        elif manifest.kind == "ClusterRole" and aggregated:
+            kind = USER_ROLE
+        else:
+            kind = manifest.kind
+        found.setdefault(kind, []).append(manifest.body)
     return found
 
 
@@ -253,6 +264,11 @@ def test_default_values_validate_against_the_schema() -> None:
         ({"rbac": {"scope": "namespaces"}}, "namespaces"),
         ({"rbac": {"scope": "namespace"}}, "namespaces"),
         ({"rbac": {"worldSecretNames": []}}, "worldSecretNames"),
+        ({"extraEnv": [{"value": "1"}]}, "name"),
+        ({"extraEnv": [{"name": "A", "value": 1}]}, "value"),
+        ({"extraEnv": [{"name": "A", "valu": "1"}]}, "valu"),
+        ({"priorityClassName": "High Priority"}, "priorityClassName"),
+        ({"rbac": {"userRoles": "yes"}}, "userRoles"),
     ],
     ids=[
         "unknown-key",
@@ -264,6 +280,11 @@ def test_default_values_validate_against_the_schema() -> None:
         "scope",
         "no-namespaces",
         "no-secret-names",
+        "extra-env-no-name",
+        "extra-env-value-type",
+        "extra-env-unknown-key",
+        "priority-class",
+        "user-roles-not-bool",
     ],
 )
 def test_schema_rejects_bad_values(overrides: dict[str, Any], names: str) -> None:
@@ -319,8 +340,19 @@ def _helm(*argv: str) -> subprocess.CompletedProcess[str]:
         {"serviceAccount": {"create": False, "name": "x"}},
         NAMESPACED,
         {"worldHosts": ["db.internal"]},
+        {"extraEnv": [{"name": "A", "value": "1"}], "priorityClassName": "high"},
+        {"rbac": {"userRoles": False}},
     ],
-    ids=["defaults", "world-secret", "no-crds", "own-account", "namespaced", "world-hosts"],
+    ids=[
+        "defaults",
+        "world-secret",
+        "no-crds",
+        "own-account",
+        "namespaced",
+        "world-hosts",
+        "extra-env",
+        "no-user-roles",
+    ],
 )
 def test_helm_lint_and_template_agree_with_the_renderer(
     overrides: dict[str, Any], tmp_path: Path
@@ -341,3 +373,46 @@ def test_helm_lint_and_template_agree_with_the_renderer(
         return body["kind"], body["metadata"]["name"]
 
     assert sorted(by_helm, key=key) == sorted(ours, key=key)
+
+
+def test_extra_env_follows_the_charts_own_operator_variables() -> None:
+    """Review R13: extraEnv tunes the TREADLE_OPERATOR_* intervals (values and valueFrom)."""
+    extra = [
+        {"name": "TREADLE_OPERATOR_RECONCILE_SECONDS", "value": "10"},
+        {"name": "FROM_SECRET", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}},
+    ]
+    (container,) = _one({"extraEnv": extra}, "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert container["env"] == [{"name": "TREADLE_LOG_LEVEL", "value": "INFO"}, *extra]
+    (plain,) = _one(None, "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert plain["env"] == [{"name": "TREADLE_LOG_LEVEL", "value": "INFO"}]
+
+
+def test_priority_class_name_reaches_the_operator_pod_only_when_set() -> None:
+    """Review R13: priorityClassName."""
+    pod = _one({"priorityClassName": "platform-critical"}, "Deployment")["spec"]["template"]
+    assert pod["spec"]["priorityClassName"] == "platform-critical"
+    assert "priorityClassName" not in _one(None, "Deployment")["spec"]["template"]["spec"]
+
+
+def test_user_roles_aggregate_into_view_and_edit_with_the_userroles_rules() -> None:
+    """Review section 1 (user-facing RBAC): view and edit ClusterRoles for the CRDs, labelled
+    for the built-in roles' aggregation, bound to nobody, in either rbac.scope."""
+    from treadle_operator import userroles
+
+    for overrides in (None, NAMESPACED):
+        kinds = _by_kind(overrides)
+        roles = {r["metadata"]["name"]: r for r in kinds[USER_ROLE]}
+        assert sorted(roles) == ["treadle-edit", "treadle-view"]
+        view, edit = roles["treadle-view"], roles["treadle-edit"]
+        assert view["metadata"]["labels"][userroles.VIEW_LABEL] == "true"
+        assert edit["metadata"]["labels"][userroles.EDIT_LABEL] == "true"
+        assert _normalised(view["rules"]) == _normalised(
+            [r.as_manifest() for r in userroles.VIEW_RULES]
+        )
+        assert _normalised(edit["rules"]) == _normalised(
+            [r.as_manifest() for r in userroles.EDIT_RULES]
+        )
+        assert not any("/status" in res for r in edit["rules"] for res in r["resources"])
+        for binding in [*kinds.get("ClusterRoleBinding", []), *kinds.get("RoleBinding", [])]:
+            assert binding["roleRef"]["name"] not in roles
+    assert USER_ROLE not in _by_kind({"rbac": {"userRoles": False}})

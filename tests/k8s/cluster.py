@@ -251,7 +251,9 @@ class ControlPlane:
              "--service-account-issuer=https://kubernetes.default.svc",
              f"--service-account-key-file={root / 'sa.pub'}",
              f"--service-account-signing-key-file={root / 'sa.key'}",
-             "--disable-admission-plugins=ServiceAccount"],
+             "--disable-admission-plugins=ServiceAccount",
+             # OpenShift's default: blockOwnerDeletion needs update on the owner's finalizers.
+             "--enable-admission-plugins=OwnerReferencesPermissionEnforcement"],
         )  # fmt: skip
 
     def _spawn(self, name: str, argv: list[str]) -> None:

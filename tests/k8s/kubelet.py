@@ -6,7 +6,12 @@ the Pods whose ``spec.nodeName`` is its node and, per Pod, runs the first
 container's ``command`` + ``args`` in the Pod's own directory with stdout and
 stderr in log files, the environment resolved as a kubelet does
 (``podenv.py``) over the test's extra env, plus ``TREADLE_POD_IMAGE`` and
-``TREADLE_POD_NAME``. It reports through ``pods/status``: Running and Ready
+``TREADLE_POD_NAME``. Secret and ConfigMap volumes the container mounts are
+written (items, modes) to ``volumes/<name>`` in the Pod's directory at each
+(re)start, and since a process cannot see a mount path, every env value and
+argument under a ``mountPath`` is rewritten to that directory; a missing Secret
+or key keeps the container waiting in ``ContainerCreating`` (FailedMount) as a
+kubelet does. It reports through ``pods/status``: Running and Ready
 while the process runs; on exit ``restartCount``, ``lastState.terminated``
 (exit code, reason, the stderr tail) and ``CrashLoopBackOff`` while it backs off
 (1 s doubling to 8 s) under restartPolicy Always. An image under
@@ -20,11 +25,13 @@ grace period 0, as a kubelet does. Used by ``conftest.py``.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import datetime
 import json
 import logging
 import os
+import shutil
 import signal
 import threading
 from collections.abc import Iterator
@@ -360,8 +367,49 @@ class ProcessKubelet:
             await self._pause(state, backoff)
             backoff = min(backoff * 2, BACKOFF_MAX)
 
+    async def _mount(self, state: PodState) -> dict[str, Path]:
+        """Writes the container's Secret/ConfigMap volumes; mountPath -> local directory."""
+        volumes = {v["name"]: v for v in state.pod["spec"].get("volumes") or []}
+        mounted: dict[str, Path] = {}
+        for mount in state.container.get("volumeMounts") or []:
+            volume = volumes.get(mount["name"], {})
+            kind, source = next(
+                ((k, volume[f]) for f, k in _VOLUME_KINDS.items() if f in volume), (None, None)
+            )
+            if kind is None or source is None:
+                continue  # emptyDir and the rest: the process writes where it likes
+            name = source.get("secretName") or source.get("name") or ""
+            found = await self._lookup(kind, state.namespace, name)
+            where = f"{'Secret' if kind == 'secrets' else 'ConfigMap'} {state.namespace}/{name}"
+            if found is None and not source.get("optional"):
+                raise podenv.ContainerError(
+                    "ContainerCreating",
+                    f'MountVolume.SetUp failed for volume "{mount["name"]}": {where} not found',
+                )
+            data = _volume_data(kind, found or {})
+            items = source.get("items") or [{"key": k, "path": k} for k in sorted(data)]
+            directory = state.directory / "volumes" / mount["name"]
+            shutil.rmtree(directory, ignore_errors=True)
+            directory.mkdir(parents=True)
+            for item in items:
+                if item["key"] not in data:
+                    if source.get("optional"):
+                        continue
+                    raise podenv.ContainerError(
+                        "ContainerCreating",
+                        f'MountVolume.SetUp failed for volume "{mount["name"]}": '
+                        f"couldn't find key {item['key']} in {where}",
+                    )
+                path = directory / item["path"]
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_bytes(data[item["key"]])
+                path.chmod(item.get("mode", source.get("defaultMode", 0o644)))
+            mounted[str(mount["mountPath"]).rstrip("/")] = directory
+        return mounted
+
     async def _prepare(self, state: PodState) -> tuple[list[str], dict[str, str]]:
         container = state.container
+        mounted = await self._mount(state)
         env = {
             "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
             "HOME": str(state.directory),
@@ -371,7 +419,8 @@ class ProcessKubelet:
             "TREADLE_POD_IMAGE": str(container.get("image", "")),
             "TREADLE_POD_NAME": state.name,
         }
-        return podenv.container_argv(container, env), env
+        env = {k: _local(v, mounted) for k, v in env.items()}
+        return [_local(a, mounted) for a in podenv.container_argv(container, env)], env
 
     async def _run_once(
         self, state: PodState, argv: list[str], env: dict[str, str],
@@ -485,6 +534,25 @@ class ProcessKubelet:
                 log.warning(
                     "pod %s/%s: status not reported: %r", state.namespace, state.name, error
                 )
+
+
+_VOLUME_KINDS = {"secret": "secrets", "configMap": "configmaps"}
+
+
+def _volume_data(kind: str, obj: dict[str, Any]) -> dict[str, bytes]:
+    """A Secret's or ConfigMap's keys as the bytes a volume file holds."""
+    if kind == "secrets":
+        return {k: base64.b64decode(v) for k, v in (obj.get("data") or {}).items()}
+    binary = {k: base64.b64decode(v) for k, v in (obj.get("binaryData") or {}).items()}
+    return {**binary, **{k: v.encode() for k, v in (obj.get("data") or {}).items()}}
+
+
+def _local(value: str, mounted: dict[str, Path]) -> str:
+    """``value`` with a mount path at its start replaced by the volume's local directory."""
+    for mount_path, directory in mounted.items():
+        if value == mount_path or value.startswith(mount_path + "/"):
+            return str(directory) + value[len(mount_path) :]
+    return value
 
 
 async def _json(reply: aiohttp.ClientResponse) -> dict[str, Any]:

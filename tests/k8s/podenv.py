@@ -54,9 +54,16 @@ def expand(text: str, env: Mapping[str, str]) -> str:
 
 
 def _decoded(kind: str, obj: dict[str, Any]) -> dict[str, str]:
+    # A binary key (a keystore) must not fail the others: a kubelet passes bytes through.
     if kind == "secrets":
-        return {k: base64.b64decode(v).decode() for k, v in (obj.get("data") or {}).items()}
-    binary = {k: base64.b64decode(v).decode() for k, v in (obj.get("binaryData") or {}).items()}
+        return {
+            k: base64.b64decode(v).decode(errors="replace")
+            for k, v in (obj.get("data") or {}).items()
+        }
+    binary = {
+        k: base64.b64decode(v).decode(errors="replace")
+        for k, v in (obj.get("binaryData") or {}).items()
+    }
     return {**binary, **(obj.get("data") or {})}
 
 

@@ -337,7 +337,7 @@ def test_runs_started_from_code_are_mirrored_when_asked(shop: Shop) -> None:
     assert obj["status"]["mirrored"] is True  # type: ignore[index]
     assert obj["spec"] == {"deployment": "shop", "workflow": "greet",  # type: ignore[index]
                            "input": {"name": "mirror"}, "cancel": False,
-                           "onDelete": "Cancel",
+                           "onDelete": "Cancel", "recordOutput": True,
                            "ttlSecondsAfterFinished": 86400}  # fmt: skip
 
 

@@ -41,8 +41,13 @@ def test_worker_pods_get_the_restricted_security_context_by_default() -> None:
         "seccompProfile": {"type": "RuntimeDefault"},
     }
     # A read-only root needs somewhere to write temporary files.
-    assert container["volumeMounts"] == [{"name": "tmp", "mountPath": "/tmp"}]
-    assert pod["volumes"] == [{"name": "tmp", "emptyDir": {}}]
+    assert container["volumeMounts"][0] == {"name": "tmp", "mountPath": "/tmp"}
+    assert pod["volumes"][0] == {"name": "tmp", "emptyDir": {}}
+    # The other volume is the World Secret's, read-only (its URLs as files, review R9).
+    assert container["volumeMounts"][1:] == [
+        {"name": "treadle-world-files", "mountPath": "/var/run/treadle/world", "readOnly": True}
+    ]
+    assert [v["secret"]["secretName"] for v in pod["volumes"][1:]] == ["treadle-world"]
     assert pod["automountServiceAccountToken"] is False
     assert "serviceAccountName" not in pod
 

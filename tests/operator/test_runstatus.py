@@ -94,3 +94,24 @@ def test_labels_name_deployment_revision_and_phase_and_change_only_what_differs(
     }  # fmt: skip
     assert runstatus.labels("d" * 70, status)["treadle.dev/deployment"] is None
     assert runstatus.label_patch({"metadata": {}}, {"treadle.dev/revision": None}) == {}
+
+
+def test_record_output_false_keeps_the_output_out_of_status() -> None:
+    """Review R9: status.output is readable by anyone who may get WorkflowRuns there;
+    ``spec.recordOutput: false`` writes none (the run's output stays in the World)."""
+    from treadle_operator import models
+
+    done = WorkflowRunStatus(phase="Completed", output='{"card":"4111"}')
+    hidden = {"metadata": {"generation": 2}, "spec": {"recordOutput": False}}
+    shown = runstatus.present_for(hidden, done)
+    assert shown.output is None and shown.observed_generation == 2
+    assert models.dump(shown)["output"] is None  # the merge patch removes an earlier one
+    assert shown.message == "completed"
+    for body in ({"metadata": {}, "spec": {}}, {"spec": {"recordOutput": True}}):
+        assert runstatus.present_for(body, done).output == '{"card":"4111"}'
+    assert (
+        models.WorkflowRunSpec.model_validate(
+            {"deployment": "d", "workflow": "w", "recordOutput": False}
+        ).record_output
+        is False
+    )
