@@ -382,9 +382,9 @@ def test_extra_env_follows_the_charts_own_operator_variables() -> None:
         {"name": "FROM_SECRET", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}},
     ]
     (container,) = _one({"extraEnv": extra}, "Deployment")["spec"]["template"]["spec"]["containers"]
-    assert container["env"] == [{"name": "TREADLE_LOG_LEVEL", "value": "INFO"}, *extra]
     (plain,) = _one(None, "Deployment")["spec"]["template"]["spec"]["containers"]
-    assert plain["env"] == [{"name": "TREADLE_LOG_LEVEL", "value": "INFO"}]
+    assert {"name": "TREADLE_LOG_LEVEL", "value": "INFO"} in plain["env"]
+    assert container["env"] == [*plain["env"], *extra], "extraEnv comes last, so it wins"
 
 
 def test_priority_class_name_reaches_the_operator_pod_only_when_set() -> None:

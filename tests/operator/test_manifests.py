@@ -90,7 +90,8 @@ def test_the_pod_template_carries_the_world_secret_checksum() -> None:
     one = _made(_spec(), secret_checksum="abc")
     two = _made(_spec(), secret_checksum="def")
     annotations = one["spec"]["template"]["metadata"]["annotations"]  # type: ignore[index]
-    assert annotations == {"treadle.dev/world-secret-checksum": "abc"}
+    assert annotations["treadle.dev/world-secret-checksum"] == "abc"
+    assert set(annotations) == {"treadle.dev/world-secret-checksum", "treadle.dev/template-hash"}
     assert one["spec"]["template"] != two["spec"]["template"]  # type: ignore[index]
 
 

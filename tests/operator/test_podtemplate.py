@@ -80,14 +80,19 @@ def test_the_template_passes_through_and_the_operator_keeps_what_it_owns() -> No
     assert pod["metadata"]["labels"]["team"] == "shop"
     assert pod["metadata"]["labels"]["treadle.dev/revision"] == "orders-abc123"
     assert pod["metadata"]["annotations"]["prometheus.io/scrape"] == "true"
-    assert {v["name"] for v in spec["volumes"]} == {"tmp", "cache"}
+    # the template's volumes beside the operator's own (the World Secret's files)
+    assert {v["name"] for v in spec["volumes"]} == {"tmp", "cache", "treadle-world-files"}
     worker, proxy = spec["containers"]
     assert worker["name"] == "worker" and worker["image"] == "img:1"
     assert worker["command"] == ["treadle"]
     assert worker["args"][:4] == ["worker", "orders.app", "--role", "steps"]
     env = [e["name"] for e in worker["env"]]
     assert env[0] == "TREADLE_WORLD" and "FEATURE" in env and "TREADLE_DEPLOYMENT_ID" in env
-    assert {m["mountPath"] for m in worker["volumeMounts"]} == {"/tmp", "/cache"}
+    assert {m["mountPath"] for m in worker["volumeMounts"]} == {
+        "/tmp",
+        "/cache",
+        "/var/run/treadle/world",
+    }
     assert worker["readinessProbe"] == {"exec": {"command": ["true"]}}
     assert worker["resources"] == {"requests": {"cpu": "100m"}}
     # Tightened, never weakened: the restricted defaults stay, the template's drop is added.
