@@ -155,7 +155,16 @@ def manifest(kind: Kind) -> dict[str, Any]:
 
 
 def _yaml(document: dict[str, Any]) -> str:
-    return str(yaml.safe_dump(document, sort_keys=False, default_flow_style=False, width=100))
+    return str(
+        yaml.dump(document, Dumper=_NoAliases, sort_keys=False, default_flow_style=False, width=100)
+    )
+
+
+class _NoAliases(yaml.SafeDumper):
+    """A schema shared by two fields is written out twice, never as a YAML anchor."""
+
+    def ignore_aliases(self, data: object) -> bool:
+        return True
 
 
 def render_plain(kind: Kind) -> str:

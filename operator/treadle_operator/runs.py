@@ -36,7 +36,7 @@ from treadle.sdk import catalogue, functions
 from treadle.world import events
 from treadle.world.records import RunRecord
 from treadle.worlds.production import PostgresNatsWorld
-from treadle_operator import binding, models, runstatus
+from treadle_operator import admission, binding, inputs, models, runstatus
 from treadle_operator.conditions import condition, merge_conditions
 from treadle_operator.errors import WorldUnavailable
 from treadle_operator.models import WorkflowDeploymentSpec, WorkflowRunSpec, WorkflowRunStatus
@@ -153,6 +153,7 @@ async def start(state: State, body: dict[str, Any]) -> None:
             if status.mirrored or not status.revision:
                 raise
             # Chosen and recorded here, then the handler stopped before the run was.
+            spec, _ = await judged_input(state, body, spec, wfd)
             await _record_run(state, world, body, spec, status.run_id, status.revision)
         else:
             foreign = binding.refusal(run, body, wfd)
@@ -186,7 +187,8 @@ async def start(state: State, body: dict[str, Any]) -> None:
         )
     record = await world.deployments.get(revision)
     served = record.catalogue if record is not None else None
-    problem = refusal(served, spec, revision)
+    spec, problem = await judged_input(state, body, spec, wfd)
+    problem = problem or refusal(served, spec, revision)
     if problem is not None:
         reason, message = problem
         failed = status.model_copy(
@@ -279,6 +281,31 @@ async def refuse(state: State, body: dict[str, Any], problem: str) -> None:
     )
     await _patch(state, body, refused)
     await state.kube.event(body, "RunNotOwned", problem, warning=True)
+
+
+async def judged_input(
+    state: State, body: dict[str, Any], spec: WorkflowRunSpec, wfd: dict[str, Any]
+) -> tuple[WorkflowRunSpec, tuple[str, str] | None]:
+    """``spec`` with its input read from ``inputFrom``, and why it can never start, if so.
+
+    The admission rules again (``admission.spec_problems``, the inline size limit), for
+    objects written while the webhook was off; ``NotYet`` while the input cannot be read.
+    """
+    raw = spec.model_dump(mode="json", by_alias=True)
+    problems = admission.spec_problems(raw)
+    size = None if spec.input_from else admission.inline_size_problem(spec.input)
+    if size is not None:
+        problems.append(size)
+    if problems:
+        return spec, ("InvalidInput", problems[0])
+    world_secret = WorkflowDeploymentSpec.model_validate(wfd.get("spec") or {}).world.secret_name
+    try:
+        read = await inputs.resolve(state, body["metadata"]["namespace"], spec, world_secret)
+    except inputs.InputNotReady as exc:
+        raise NotYet(exc.reason, str(exc)) from exc
+    except inputs.InputRefused as exc:
+        return spec, (exc.reason, str(exc))
+    return read, None
 
 
 def refusal(served: Any, spec: WorkflowRunSpec, revision: str) -> tuple[str, str] | None:
