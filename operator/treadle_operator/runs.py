@@ -46,6 +46,7 @@ log = logging.getLogger("treadle.operator.runs")
 
 PLURAL = "workflowruns"
 MIRRORED = "treadle.dev/mirrored-run"
+INPUT_OMITTED = "treadle.dev/input-omitted"  # a mirrored run's input too large to show
 STARTED_BY = binding.STARTED_BY
 SPEC_VERSION = 9
 
@@ -490,6 +491,12 @@ async def mirror(state: State, world: PostgresNatsWorld, run_id: str) -> None:
             "input": args if args else kwargs,
         },
     }
+    shown = body["spec"]["input"]
+    if admission.inline_size_problem(shown) is not None:  # the webhook refuses it inline
+        del body["spec"]["input"]
+        body["metadata"]["annotations"][INPUT_OMITTED] = (
+            f"{admission.input_size(shown)} bytes: over the inline limit, see the World's run"
+        )
     try:
         await state.kube.create(PLURAL, owner.namespace, body)
     except Exception as exc:

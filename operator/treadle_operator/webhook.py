@@ -236,7 +236,7 @@ class Certificates:
         except ApiException as exc:
             if exc.status == 404:
                 return None, None
-            raise
+            raise _explained(exc, f"Secret {self.namespace}/{self.secret}") from None
         return Material.from_secret_data(found.data), found.metadata.resource_version
 
     async def _write(self, material: Material, version: str | None) -> bool:
@@ -255,8 +255,18 @@ class Certificates:
         except ApiException as exc:
             if exc.status == 409:
                 return False
-            raise
+            raise _explained(exc, f"Secret {self.namespace}/{self.secret}") from None
         return True
+
+
+def _explained(exc: ApiException, what: str) -> Exception:
+    """An API error of the webhook's own objects, in one line (RBAC named when forbidden)."""
+    if exc.status == 403:
+        return kopf.PermanentError(
+            f"the operator may not use {what}: the chart's webhook Role and ClusterRole "
+            "(permissions.webhook_namespace_rules, webhook_cluster_rules) grant it by name"
+        )
+    return kopf.TemporaryError(f"{what}: {exc.status} {exc.reason}", delay=10)
 
 
 def _reusable_ca(found: Material | None) -> Material | None:
@@ -279,7 +289,15 @@ async def keep_ca_bundle(api: client.ApiClient, name: str, ca_pem: bytes) -> boo
     """
     admission_api = client.AdmissionregistrationV1Api(api)
     bundle = base64.b64encode(ca_pem).decode()
-    found = await admission_api.read_validating_webhook_configuration(name)
+    try:
+        found = await admission_api.read_validating_webhook_configuration(name)
+    except ApiException as exc:
+        if exc.status != 404:
+            raise _explained(exc, f"ValidatingWebhookConfiguration {name}") from None
+        # Deleted (the escape hatch of docs/operator-admission.md) or not made yet: serve
+        # anyway; the next check patches it once it exists.
+        log.warning("ValidatingWebhookConfiguration %s not found: its caBundle waits", name)
+        return False
     version = found.metadata.resource_version
     ops: list[dict[str, Any]] = [
         {"op": "test", "path": "/metadata/resourceVersion", "value": version}
@@ -291,7 +309,13 @@ async def keep_ca_bundle(api: client.ApiClient, name: str, ca_pem: bytes) -> boo
             )
     if len(ops) == 1:
         return False
-    await admission_api.patch_validating_webhook_configuration(name, ops, **_JSON_PATCH)
+    try:
+        await admission_api.patch_validating_webhook_configuration(name, ops, **_JSON_PATCH)
+    except ApiException as exc:
+        if exc.status in (409, 422):  # changed since read (the test op): the next check
+            log.info("ValidatingWebhookConfiguration %s changed meanwhile: patched later", name)
+            return False
+        raise _explained(exc, f"ValidatingWebhookConfiguration {name}") from None
     log.info("caBundle of ValidatingWebhookConfiguration %s set to the operator's CA", name)
     return True
 

@@ -12,17 +12,23 @@ chart's ``failurePolicy: Fail`` a write is then refused, not let through uncheck
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 import socket
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from treadle_operator import admission
+from treadle.client import start_run
+from treadle.sdk import functions
+from treadle.world import ids
+from treadle.worlds.production import PostgresNatsWorld
+from treadle_operator import admission, runs
 
 from ..chart.render import render_chart
 from ..nats.conftest import NatsServer
@@ -315,6 +321,55 @@ def test_a_secret_input_only_from_an_allowed_secret_never_the_worlds(admitted: S
         assert status["reason"] == "InputSecretNotAllowed"
         assert needle in status["error"]["message"]
         assert not status.get("runId")
+
+
+def _start_from_code(shop: Shop, revision: str, input: dict[str, Any]) -> str:
+    """A run started with the client on ``revision`` (argv cannot carry 200 KiB); its id."""
+
+    async def start() -> str:
+        world = await PostgresNatsWorld.connect(
+            shop.database_url, shop.nats_url, deployment_id="test-starter"
+        )
+        try:
+            run = await start_run(
+                world, name="greet", data=functions.encode_arguments((), input, "greet"),
+                deployment_id=revision, spec_version=runs.SPEC_VERSION,
+                run_id=ids.new_run_id(),
+            )  # fmt: skip
+            return run.run_id
+        finally:
+            await world.close()
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, start()).result()
+
+
+def test_a_mirrored_run_with_a_large_input_shows_without_it(admitted: Shop) -> None:
+    """mirrorRuns under the webhook: the operator's own WorkflowRun for a code-started run
+    with a 200 KiB input would be refused at CREATE; it is made without the input instead,
+    an annotation saying why, and follows the run to Completed."""
+    shop = admitted
+    revision = shop.latest()
+    shop.kube.rest.patch(shop.path("workflowdeployments", "shop"), {"spec": {"mirrorRuns": True}})
+    wait_for(
+        lambda: (
+            (w := shop.wfd())["metadata"]["generation"]
+            == (w.get("status") or {}).get("observedGeneration")
+        ),
+        30,
+        what="mirrorRuns seen",
+    )
+    run_id = _start_from_code(shop, revision, {"name": "w" * (200 * 1024)})
+
+    def mirrored() -> dict[str, Any] | None:
+        items = shop.kube.rest.get(shop.path("workflowruns"))["items"]
+        mine = [i for i in items if (i.get("status") or {}).get("runId") == run_id]
+        return mine[0] if mine and mine[0]["status"].get("phase") == "Completed" else None
+
+    obj = wait_for(mirrored, 90, what="the mirrored run completed")
+    assert "input" not in obj["spec"]
+    omitted = obj["metadata"]["annotations"][runs.INPUT_OMITTED]
+    assert omitted.startswith(f"{admission.input_size({'name': 'w' * (200 * 1024)})} bytes")
 
 
 def test_with_the_operator_down_writes_are_refused_by_failure_policy_fail(admitted: Shop) -> None:
