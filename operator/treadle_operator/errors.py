@@ -7,7 +7,9 @@
     │   ├── WorldSecretMissing    its Secret, or a key in it, does not exist (retried)
     │   ├── WorldSecretForbidden  RBAC does not let the operator read that Secret
     │   └── WorldHostRefused      a URL's host is not in TREADLE_OPERATOR_WORLD_HOSTS
-    └── NotConfigured             no cluster: not in a Pod and no usable kubeconfig
+    ├── NotConfigured             no cluster: not in a Pod and no usable kubeconfig
+    └── WebhookUnavailable        the admission webhook's certificate Secret or
+                                  configuration cannot be used (RBAC, conflicts)
 
 Engine errors (``treadle.errors``) pass through unchanged; a run the World
 refuses to start is a ``treadle.errors.WorldError``.
@@ -38,3 +40,7 @@ class WorldHostRefused(WorldUnavailable):
 
 class NotConfigured(OperatorError):
     """Not in a Pod, and no usable kubeconfig: there is no cluster to serve."""
+
+
+class WebhookUnavailable(OperatorError):
+    """The admission webhook cannot be served: its Secret or configuration is unusable."""

@@ -18,7 +18,7 @@ from typing import Any
 
 import kopf
 
-from treadle_operator import deployments, models, runs, webhook
+from treadle_operator import deployments, models, runs
 from treadle_operator.state import State
 
 log = logging.getLogger("treadle.operator.handlers")
@@ -59,8 +59,6 @@ def configure(settings: kopf.OperatorSettings, *, namespaced: bool = False) -> N
 def build_registry(state: State) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
     cfg = state.settings
-    if cfg.TREADLE_OPERATOR_WEBHOOK:
-        webhook.register(registry, state)  # the admission webhook (docs/operator-admission.md)
 
     @kopf.on.startup(registry=registry)
     async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import kopf
 
-from treadle_operator import handlers, kube, runs, worldhosts
+from treadle_operator import handlers, kube, runs, webhook, worldhosts
 from treadle_operator.settings import OperatorSettings
 from treadle_operator.state import State
 from treadle_operator.sync import StatusSync
@@ -40,6 +40,8 @@ async def run(namespaces: Sequence[str] = ()) -> None:
 
     sync.on_new_run = functools.partial(runs.mirror, state)
     registry = handlers.build_registry(state)
+    # The admission webhook answers on every replica, before kopf (and any leadership).
+    admission_server = await webhook.serve(state)
     log.info(
         "treadle operator serving %s", ", ".join(namespaces) if namespaces else "every namespace"
     )
@@ -51,6 +53,8 @@ async def run(namespaces: Sequence[str] = ()) -> None:
             namespaces=list(namespaces),
         )
     finally:
+        if admission_server is not None:
+            await admission_server.stop()
         await sync.close()
         await worlds.close()
         await client.close()

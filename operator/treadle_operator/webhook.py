@@ -1,330 +1,98 @@
-"""The WorkflowRun validating admission webhook, served by the operator through kopf.
+"""The WorkflowRun validating admission webhook: an HTTPS endpoint the operator serves.
 
-``handlers.build_registry`` calls ``register`` when ``TREADLE_OPERATOR_WEBHOOK`` is on
-(the chart turns it on): a ``kopf.on.validate`` handler for CREATE and UPDATE of
-WorkflowRuns that refuses what ``admission.review`` names, and startup/cleanup
-activities that run the HTTPS server (``kopf.WebhookServer``) with a certificate of
-the operator's own:
+``main.run`` calls ``serve`` when ``TREADLE_OPERATOR_WEBHOOK`` is on (the chart turns it
+on), before kopf and before any leader election: every replica answers admission
+reviews, leader or standby, as controller-runtime's webhook servers do, so a rollout or a
+standby replica behind the webhook Service never fails a write. The answer is pure
+(``admission.review``, no API call) and fast.
 
-- ``Certificates`` keeps a self-signed CA and a serving certificate for the webhook
-  Service's names (``TREADLE_OPERATOR_WEBHOOK_HOSTS``) in a Secret
-  (``TREADLE_OPERATOR_WEBHOOK_SECRET`` in the operator's namespace), made with
-  ``cryptography`` by the first replica that finds none, read by the others (a lost
-  create or update race re-reads), renewed 30 days before the serving certificate
-  ends (it lasts a year; the CA ten, so a renewal keeps the caBundle). Without a
-  Secret name the pair lives in memory (one replica, a new CA per start).
-- ``keep_ca_bundle`` patches the CA into every webhook of the
-  ValidatingWebhookConfiguration the chart made (``TREADLE_OPERATOR_WEBHOOK_CONFIG``)
-  when it differs, as kopf's managed configurations do, but without the right to
-  create webhook configurations (RBAC: get and patch on that one name).
-- A loop checks both every ``CHECK_SECONDS``: a certificate another replica renewed is
-  picked up (kopf restarts its server when the files change).
+``AdmissionServer`` is a small aiohttp server (the one kopf's ``WebhookServer`` uses)
+with one route, ``POST /validate-workflowrun``: an AdmissionReview (v1 or v1beta1) in,
+the same review with ``response.allowed`` and, when refused, a 422 status whose message
+lists every problem, field first. Any other path is 404 (a misconfigured URL then fails
+loudly under ``failurePolicy: Fail`` instead of allowing everything). A crash in the
+rules allows the write with a logged error rather than blocking every WorkflowRun, and
+the operator's own finalizer updates, on a bug.
 
-The handler answers in memory (no API call), so admission stays fast; a crash in the
-rules allows the write with a logged error rather than blocking every WorkflowRun
-(and the operator's own finalizer updates) on a bug. docs/operator-admission.md.
+Its certificate comes from ``webhookcerts`` (a CA of its own in a Secret the replicas
+share, patched into the configuration's caBundle), checked at start and every
+``CHECK_SECONDS``: a renewed certificate (by this replica or another) is loaded into
+the server's TLS context for new connections. docs/operator-admission.md.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
-import datetime as dt
-import ipaddress
+import json
 import logging
+import ssl
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
-import kopf
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-from kubernetes_asyncio import client
-from kubernetes_asyncio.client.exceptions import ApiException
+from aiohttp import web
 
-from treadle_operator import admission, models
+from treadle_operator import admission
+from treadle_operator.errors import WebhookUnavailable
 from treadle_operator.state import State
+from treadle_operator.webhookcerts import Certificates, Material, keep_ca_bundle, parse_hosts
 
 log = logging.getLogger("treadle.operator.webhook")
 
-WEBHOOK_ID = "validate-workflowrun"  # kopf's handler id: the URL path the configuration names
-CA_DAYS = 3650
-CERT_DAYS = 365
-RENEW_BEFORE = dt.timedelta(days=30)
+PATH = "/validate-workflowrun"
 CHECK_SECONDS = 600.0
-_KEYS = ("ca.crt", "ca.key", "tls.crt", "tls.key")
-_JSON_PATCH: dict[str, Any] = {"_content_type": "application/json-patch+json"}
-_MERGE: dict[str, Any] = {"_content_type": "application/merge-patch+json"}
+RESOURCE = {"group": "treadle.dev", "resource": "workflowruns"}
 
 
-# -- certificates ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Material:
-    """A CA and a serving certificate signed by it, PEM."""
-
-    ca_cert: bytes
-    ca_key: bytes
-    cert: bytes
-    key: bytes
-
-    def secret_data(self) -> dict[str, str]:
-        values = (self.ca_cert, self.ca_key, self.cert, self.key)
-        return {k: base64.b64encode(v).decode() for k, v in zip(_KEYS, values, strict=True)}
-
-    @classmethod
-    def from_secret_data(cls, data: dict[str, str] | None) -> Material | None:
-        if not data or any(k not in data for k in _KEYS):
-            return None
+def answer(review: dict[str, Any]) -> dict[str, Any]:
+    """The AdmissionReview to send back for ``review`` (pure: the tests call it directly)."""
+    request = review.get("request")
+    if not isinstance(request, dict) or "uid" not in request:
+        raise ValueError("not an AdmissionReview request (no request.uid)")
+    response: dict[str, Any] = {"uid": request["uid"], "allowed": True}
+    resource = request.get("resource") or {}
+    ours = {k: resource.get(k) for k in RESOURCE} == RESOURCE and not request.get("subResource")
+    if ours:
+        operation = str(request.get("operation") or "")
         try:
-            ca_cert, ca_key, cert, key = (base64.b64decode(data[k]) for k in _KEYS)
-        except ValueError:
-            return None
-        return cls(ca_cert, ca_key, cert, key)
-
-
-def parse_hosts(setting: str) -> list[str]:
-    """``TREADLE_OPERATOR_WEBHOOK_HOSTS`` as names; localhost and 127.0.0.1 when empty."""
-    return [h.strip() for h in setting.split(",") if h.strip()] or ["localhost", "127.0.0.1"]
-
-
-def _key() -> ec.EllipticCurvePrivateKey:
-    return ec.generate_private_key(ec.SECP256R1())
-
-
-def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
-    return key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    )
-
-
-def _san(hosts: list[str]) -> x509.SubjectAlternativeName:
-    names: list[x509.GeneralName] = []
-    for host in hosts:
-        try:
-            names.append(x509.IPAddress(ipaddress.ip_address(host)))
-        except ValueError:
-            names.append(x509.DNSName(host))
-    return x509.SubjectAlternativeName(names)
-
-
-_CA_USAGE = x509.KeyUsage(
-    digital_signature=True,
-    key_cert_sign=True,
-    crl_sign=True,
-    content_commitment=False,
-    key_encipherment=False,
-    data_encipherment=False,
-    key_agreement=False,
-    encipher_only=False,
-    decipher_only=False,
-)
-
-
-def issue(hosts: list[str], now: dt.datetime, ca: Material | None = None) -> Material:
-    """A serving certificate for ``hosts``, signed by ``ca``'s CA (a new CA when ``None``)."""
-    if ca is None:
-        ca_key = _key()
-        name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "treadle-operator-webhook-ca")])
-        ca_cert = (
-            x509.CertificateBuilder()
-            .subject_name(name)
-            .issuer_name(name)
-            .public_key(ca_key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - dt.timedelta(minutes=5))
-            .not_valid_after(now + dt.timedelta(days=CA_DAYS))
-            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-            .add_extension(_CA_USAGE, critical=True)
-            .sign(ca_key, hashes.SHA256())
-        )
-        ca_pem, ca_key_pem = ca_cert.public_bytes(serialization.Encoding.PEM), _pem_key(ca_key)
-    else:
-        ca_pem, ca_key_pem = ca.ca_cert, ca.ca_key
-        ca_cert = x509.load_pem_x509_certificate(ca_pem)
-        loaded = serialization.load_pem_private_key(ca_key_pem, password=None)
-        assert isinstance(loaded, ec.EllipticCurvePrivateKey)
-        ca_key = loaded
-    key = _key()
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])]))
-        .issuer_name(ca_cert.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(days=CERT_DAYS))
-        .add_extension(_san(hosts), critical=False)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
-    leaf = cert.public_bytes(serialization.Encoding.PEM)
-    return Material(ca_pem, ca_key_pem, leaf, _pem_key(key))
-
-
-def renewal(material: Material | None, hosts: list[str], now: dt.datetime) -> str | None:
-    """Why ``material`` must be (re)issued for ``hosts`` now, or ``None`` when it serves."""
-    if material is None:
-        return "no certificate yet"
-    try:
-        cert = x509.load_pem_x509_certificate(material.cert)
-        ca = x509.load_pem_x509_certificate(material.ca_cert)
-    except ValueError:
-        return "the stored certificate does not parse"
-    if cert.not_valid_after_utc - now < RENEW_BEFORE:
-        return f"the serving certificate ends {cert.not_valid_after_utc:%Y-%m-%d}"
-    if ca.not_valid_after_utc - now < RENEW_BEFORE:
-        return f"the CA ends {ca.not_valid_after_utc:%Y-%m-%d}"
-    if cert.issuer != ca.subject:
-        return "the serving certificate is not the CA's"
-    try:
-        names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    except x509.ExtensionNotFound:
-        return "the serving certificate has no subject alternative names"
-    if set(_san(hosts)) - set(names):
-        return f"the serving certificate is not for all of {', '.join(hosts)}"
-    return None
-
-
-def _now() -> dt.datetime:
-    return dt.datetime.now(dt.UTC)
-
-
-class Certificates:
-    """The webhook's CA and certificate: in a Secret shared by replicas, or in memory."""
-
-    def __init__(self, core: client.CoreV1Api, namespace: str, secret: str, hosts: list[str]):
-        self.core, self.namespace, self.secret, self.hosts = core, namespace, secret, hosts
-        self._memory: Material | None = None
-
-    async def ensure(self) -> Material:
-        """The material to serve, issued (and stored) first when missing or due."""
-        if not self.secret:
-            why = renewal(self._memory, self.hosts, _now())
-            if why is not None:
-                self._memory = issue(self.hosts, _now(), self._memory)
-            assert self._memory is not None
-            return self._memory
-        for _ in range(5):  # a replica racing us wins; read what it wrote
-            found, version = await self._read()
-            why = renewal(found, self.hosts, _now())
-            if why is None:
-                assert found is not None
-                return found
-            fresh = issue(self.hosts, _now(), _reusable_ca(found))
+            problems = admission.review(operation, request.get("oldObject"), request.get("object"))
+        except Exception:
+            log.exception("admission rules failed on a WorkflowRun %s: allowed", operation)
+            problems = []
+        if problems:
+            obj = request.get("object") or {}
+            meta = obj.get("metadata") or {}
             log.info(
-                "webhook certificate for %s (re)issued into Secret %s/%s: %s",
-                ", ".join(self.hosts), self.namespace, self.secret, why,
-            )  # fmt: skip
-            if await self._write(fresh, version):
-                return fresh
-        raise kopf.PermanentError(
-            f"cannot store the webhook certificate in Secret {self.namespace}/{self.secret}"
-        )
-
-    async def _read(self) -> tuple[Material | None, str | None]:
-        try:
-            found = await self.core.read_namespaced_secret(self.secret, self.namespace)
-        except ApiException as exc:
-            if exc.status == 404:
-                return None, None
-            raise _explained(exc, f"Secret {self.namespace}/{self.secret}") from None
-        return Material.from_secret_data(found.data), found.metadata.resource_version
-
-    async def _write(self, material: Material, version: str | None) -> bool:
-        """Create the Secret, or replace its data if still at ``version``; ``False`` on a race."""
-        labels = {"app.kubernetes.io/part-of": "treadle"}
-        meta: dict[str, Any] = {"name": self.secret, "labels": labels}
-        try:
-            if version is None:
-                body = {"metadata": meta, "type": "Opaque", "data": material.secret_data()}
-                await self.core.create_namespaced_secret(self.namespace, cast(Any, body))
-            else:
-                patch = {"metadata": {"resourceVersion": version}, "data": material.secret_data()}
-                await self.core.patch_namespaced_secret(
-                    self.secret, self.namespace, patch, **_MERGE
-                )
-        except ApiException as exc:
-            if exc.status == 409:
-                return False
-            raise _explained(exc, f"Secret {self.namespace}/{self.secret}") from None
-        return True
-
-
-def _explained(exc: ApiException, what: str) -> Exception:
-    """An API error of the webhook's own objects, in one line (RBAC named when forbidden)."""
-    if exc.status == 403:
-        return kopf.PermanentError(
-            f"the operator may not use {what}: the chart's webhook Role and ClusterRole "
-            "(permissions.webhook_namespace_rules, webhook_cluster_rules) grant it by name"
-        )
-    return kopf.TemporaryError(f"{what}: {exc.status} {exc.reason}", delay=10)
-
-
-def _reusable_ca(found: Material | None) -> Material | None:
-    """``found``'s CA, when it parses and lasts past the renewal margin (keeps the caBundle)."""
-    if found is None:
-        return None
-    try:
-        ca = x509.load_pem_x509_certificate(found.ca_cert)
-        serialization.load_pem_private_key(found.ca_key, password=None)
-    except (ValueError, TypeError):
-        return None
-    return found if ca.not_valid_after_utc - _now() > RENEW_BEFORE else None
-
-
-async def keep_ca_bundle(api: client.ApiClient, name: str, ca_pem: bytes) -> bool:
-    """Patch ``ca_pem`` into each webhook of configuration ``name``; ``True`` if it changed.
-
-    A JSON patch with a ``test`` of the resourceVersion: a configuration changed
-    meanwhile (a Helm upgrade) is patched on the next check instead of by index.
-    """
-    admission_api = client.AdmissionregistrationV1Api(api)
-    bundle = base64.b64encode(ca_pem).decode()
-    try:
-        found = await admission_api.read_validating_webhook_configuration(name)
-    except ApiException as exc:
-        if exc.status != 404:
-            raise _explained(exc, f"ValidatingWebhookConfiguration {name}") from None
-        # Deleted (the escape hatch of docs/operator-admission.md) or not made yet: serve
-        # anyway; the next check patches it once it exists.
-        log.warning("ValidatingWebhookConfiguration %s not found: its caBundle waits", name)
-        return False
-    version = found.metadata.resource_version
-    ops: list[dict[str, Any]] = [
-        {"op": "test", "path": "/metadata/resourceVersion", "value": version}
-    ]
-    for index, hook in enumerate(found.webhooks or []):
-        if hook.client_config.ca_bundle != bundle:
-            ops.append(
-                {"op": "add", "path": f"/webhooks/{index}/clientConfig/caBundle", "value": bundle}
+                "refused %s of WorkflowRun %s/%s: %s",
+                operation,
+                request.get("namespace") or meta.get("namespace"),
+                request.get("name") or meta.get("name"),
+                "; ".join(problems),
             )
-    if len(ops) == 1:
-        return False
+            response["allowed"] = False
+            # No ``reason``: kubectl prints an "Invalid" status from its (absent) causes and
+            # drops the message; with none it shows "... denied the request: <message>".
+            response["status"] = {"code": 422, "message": "; ".join(problems)}
+    return {
+        "apiVersion": review.get("apiVersion") or "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "response": response,
+    }
+
+
+async def _handle(request: web.Request) -> web.Response:
     try:
-        await admission_api.patch_validating_webhook_configuration(name, ops, **_JSON_PATCH)
-    except ApiException as exc:
-        if exc.status in (409, 422):  # changed since read (the test op): the next check
-            log.info("ValidatingWebhookConfiguration %s changed meanwhile: patched later", name)
-            return False
-        raise _explained(exc, f"ValidatingWebhookConfiguration {name}") from None
-    log.info("caBundle of ValidatingWebhookConfiguration %s set to the operator's CA", name)
-    return True
+        review = json.loads(await request.text())
+        if not isinstance(review, dict):
+            raise ValueError("not a JSON object")
+        return web.json_response(answer(review))
+    except ValueError as exc:
+        return web.json_response({"error": f"bad admission review: {exc}"}, status=400)
 
 
-# -- the server and the handler -------------------------------------------------------------
-
-
-class Served:
-    """The running webhook: its certificate files and the loop that keeps them current."""
+class AdmissionServer:
+    """The running webhook: its TLS context, certificate files and the loop that renews them."""
 
     def __init__(self, state: State) -> None:
         cfg = state.settings
@@ -336,41 +104,52 @@ class Served:
             cfg.TREADLE_OPERATOR_WEBHOOK_SECRET,
             self.hosts,
         )
-        if cfg.TREADLE_OPERATOR_WEBHOOK_SECRET and not cfg.TREADLE_OPERATOR_WEBHOOK_NAMESPACE:
-            raise kopf.PermanentError(
-                "TREADLE_OPERATOR_WEBHOOK_SECRET needs TREADLE_OPERATOR_WEBHOOK_NAMESPACE"
-            )
         self.directory = Path(tempfile.mkdtemp(prefix="treadle-webhook-"))
         self.certfile, self.keyfile = self.directory / "tls.crt", self.directory / "tls.key"
+        self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self.context.minimum_version = ssl.TLSVersion.TLSv1_2
         self.material: Material | None = None
+        self.runner: web.AppRunner | None = None
         self.task: asyncio.Task[None] | None = None
 
     async def refresh(self) -> Material:
-        """Bring the files (and the configuration's caBundle) to the current material."""
+        """Bring the TLS context (and the configuration's caBundle) to the current material."""
         material = await self.certificates.ensure()
         if material != self.material:
             self.keyfile.touch(mode=0o600)
             self.keyfile.write_bytes(material.key)
             self.certfile.write_bytes(material.cert)
+            self.context.load_cert_chain(self.certfile, self.keyfile)  # new handshakes use it
             self.material = material
         config = self.state.settings.TREADLE_OPERATOR_WEBHOOK_CONFIG
         if config:
             await keep_ca_bundle(self.state.kube.api, config, material.ca_cert)
         return material
 
-    def server(self, material: Material) -> kopf.WebhookServer:
+    async def start(self) -> None:
         cfg = self.state.settings
-        return kopf.WebhookServer(
-            addr=cfg.TREADLE_OPERATOR_WEBHOOK_ADDRESS,
-            port=cfg.TREADLE_OPERATOR_WEBHOOK_PORT,
-            host=self.hosts[0],
-            certfile=str(self.certfile),
-            pkeyfile=str(self.keyfile),
-            cadata=material.ca_cert,
-            file_check_interval=10.0,
+        await self.refresh()
+        app = web.Application()
+        app.add_routes([web.post(PATH, _handle)])
+        self.runner = web.AppRunner(app, handle_signals=False, access_log=None)
+        await self.runner.setup()
+        site = web.TCPSite(
+            self.runner,
+            cfg.TREADLE_OPERATOR_WEBHOOK_ADDRESS,
+            cfg.TREADLE_OPERATOR_WEBHOOK_PORT,
+            ssl_context=self.context,
+        )
+        await site.start()
+        self.task = asyncio.create_task(self._keep(), name="treadle-webhook-certificates")
+        log.info(
+            "admission webhook serving https://%s:%s%s for %s",
+            cfg.TREADLE_OPERATOR_WEBHOOK_ADDRESS,
+            cfg.TREADLE_OPERATOR_WEBHOOK_PORT,
+            PATH,
+            ", ".join(self.hosts),
         )
 
-    async def keep(self) -> None:
+    async def _keep(self) -> None:
         while True:
             await asyncio.sleep(CHECK_SECONDS)
             try:
@@ -383,59 +162,28 @@ class Served:
             self.task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self.task
+        if self.runner is not None:
+            await self.runner.cleanup()
         for path in (self.certfile, self.keyfile):
             path.unlink(missing_ok=True)
         with contextlib.suppress(OSError):
             self.directory.rmdir()
 
 
-def _plain(body: Any) -> dict[str, Any] | None:
-    return None if body is None else dict(body)
-
-
-def register(registry: kopf.OperatorRegistry, state: State) -> None:
-    """The validating handler and the activities that serve it (only when the webhook is on)."""
-    holder: list[Served] = []
-
-    @kopf.on.startup(registry=registry)
-    async def webhook_startup(settings: kopf.OperatorSettings, **_: Any) -> None:
-        served = Served(state)
-        material = await served.refresh()
-        settings.admission.server = served.server(material)
-        settings.admission.managed = None  # the chart makes the configuration; we patch it
-        served.task = asyncio.create_task(served.keep(), name="treadle-webhook-certificates")
-        holder.append(served)
-        log.info(
-            "admission webhook on %s:%s for %s",
-            state.settings.TREADLE_OPERATOR_WEBHOOK_ADDRESS,
-            state.settings.TREADLE_OPERATOR_WEBHOOK_PORT,
-            ", ".join(served.hosts),
+async def serve(state: State) -> AdmissionServer | None:
+    """The webhook, serving (``None`` when ``TREADLE_OPERATOR_WEBHOOK`` is off)."""
+    if not state.settings.TREADLE_OPERATOR_WEBHOOK:
+        return None
+    cfg = state.settings
+    if cfg.TREADLE_OPERATOR_WEBHOOK_SECRET and not cfg.TREADLE_OPERATOR_WEBHOOK_NAMESPACE:
+        raise WebhookUnavailable(
+            "TREADLE_OPERATOR_WEBHOOK_SECRET needs TREADLE_OPERATOR_WEBHOOK_NAMESPACE (the "
+            "operator's namespace, where that Secret lives)"
         )
-
-    @kopf.on.cleanup(registry=registry)
-    async def webhook_cleanup(**_: Any) -> None:
-        for served in holder:
-            await served.stop()
-
-    @kopf.on.validate(
-        models.GROUP,
-        models.VERSION,
-        "workflowruns",
-        id=WEBHOOK_ID,
-        operations=["CREATE", "UPDATE"],
-        registry=registry,
-    )
-    async def validate_workflowrun(**kwargs: Any) -> None:
-        operation, old, new = kwargs.get("operation"), kwargs.get("old"), kwargs.get("new")
-        try:
-            problems = admission.review(operation or "", _plain(old), _plain(new))
-        except Exception:
-            log.exception("admission rules failed on a WorkflowRun %s: allowed", operation)
-            return
-        if problems:
-            meta = (_plain(new) or {}).get("metadata") or {}
-            log.info(
-                "refused %s of WorkflowRun %s/%s: %s",
-                operation, meta.get("namespace"), meta.get("name"), "; ".join(problems),
-            )  # fmt: skip
-            raise kopf.AdmissionError("; ".join(problems), code=422)
+    server = AdmissionServer(state)
+    try:
+        await server.start()
+    except BaseException:
+        await server.stop()
+        raise
+    return server

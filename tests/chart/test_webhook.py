@@ -11,7 +11,7 @@ import jsonschema
 import pytest
 import yaml
 
-from treadle_operator import permissions, webhook
+from treadle_operator import permissions, webhook, webhookcerts
 
 from . import render
 
@@ -47,7 +47,7 @@ def test_the_default_install_serves_the_webhook_for_workflowruns_fail_closed() -
     ]  # fmt: skip
     assert hook["clientConfig"] == {"service": {
         "name": "treadle-webhook", "namespace": "treadle-system",
-        "path": f"/{webhook.WEBHOOK_ID}", "port": 443}}  # fmt: skip
+        "path": webhook.PATH, "port": 443}}  # fmt: skip
     assert "caBundle" not in hook["clientConfig"], "the operator patches it in"
     assert "namespaceSelector" not in hook
     service = objects["Service", "treadle-webhook"]
@@ -68,7 +68,7 @@ def test_the_default_install_serves_the_webhook_for_workflowruns_fail_closed() -
     assert env["TREADLE_OPERATOR_WEBHOOK_NAMESPACE"] == {
         "fieldRef": {"fieldPath": "metadata.namespace"}
     }
-    hosts = webhook.parse_hosts(env["TREADLE_OPERATOR_WEBHOOK_HOSTS"])
+    hosts = webhookcerts.parse_hosts(env["TREADLE_OPERATOR_WEBHOOK_HOSTS"])
     assert "treadle-webhook.treadle-system.svc" in hosts  # the name the API server dials
 
 

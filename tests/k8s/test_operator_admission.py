@@ -23,12 +23,15 @@ from typing import Any
 
 import pytest
 import yaml
+from kubernetes_asyncio import client
+from kubernetes_asyncio.config import new_client_from_config
 
 from treadle.client import start_run
 from treadle.sdk import functions
 from treadle.world import ids
 from treadle.worlds.production import PostgresNatsWorld
 from treadle_operator import admission, runs
+from treadle_operator.webhookcerts import Certificates, Material
 
 from ..chart.render import render_chart
 from ..nats.conftest import NatsServer
@@ -120,11 +123,16 @@ def admitted(
         )
         # Serving: a server-side dry run of a bad object is refused by the webhook itself.
         probe = _manifest(shop, "probe", "greet", "not an object")
-        wait_for(
-            lambda: "must be an object" in _apply(shop, probe, "--dry-run=server").stderr,
-            60,
-            what="the webhook answering",
-        )
+        said: list[str] = []
+
+        def answering() -> bool:
+            said[:] = [_apply(shop, probe, "--dry-run=server").stderr]
+            return "must be an object" in said[0]
+
+        try:
+            wait_for(answering, 60, what="the webhook answering")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; kubectl said: {said}") from None
         shop.latest()
         yield shop
     finally:
@@ -370,6 +378,32 @@ def test_a_mirrored_run_with_a_large_input_shows_without_it(admitted: Shop) -> N
     assert "input" not in obj["spec"]
     omitted = obj["metadata"]["annotations"][runs.INPUT_OMITTED]
     assert omitted.startswith(f"{admission.input_size({'name': 'w' * (200 * 1024)})} bytes")
+
+
+def test_replicas_share_one_certificate_through_the_secret(admitted: Shop) -> None:
+    """Two replicas starting at once with no Secret yet end up serving the same CA and
+    certificate (one creates the Secret, the other reads it, or loses the race and re-reads);
+    new Service names renew the certificate under the same CA, so the caBundle stays."""
+    shop = admitted
+
+    async def race() -> tuple[Material, Material, Material, dict[str, str]]:
+        api = await new_client_from_config(config_file=str(shop.kube.kubeconfig))
+        try:
+            core = client.CoreV1Api(api)
+            pair = [Certificates(core, shop.namespace, "race-tls", ["127.0.0.1"]) for _ in "ab"]
+            first, second = await asyncio.gather(*(c.ensure() for c in pair))
+            more = ["127.0.0.1", "treadle-webhook.treadle-system.svc"]
+            renamed = await Certificates(core, shop.namespace, "race-tls", more).ensure()
+            stored = await core.read_namespaced_secret("race-tls", shop.namespace)
+            return first, second, renamed, dict(stored.data)
+        finally:
+            await api.close()
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        first, second, renamed, stored = pool.submit(asyncio.run, race()).result()
+    assert first == second
+    assert renamed.ca_cert == first.ca_cert and renamed.cert != first.cert
+    assert Material.from_secret_data(stored) == renamed
 
 
 def test_with_the_operator_down_writes_are_refused_by_failure_policy_fail(admitted: Shop) -> None:

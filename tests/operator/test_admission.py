@@ -1,17 +1,25 @@
-"""The WorkflowRun admission rules (``treadle_operator.admission``) and the webhook's own
-certificates (``treadle_operator.webhook``), without an API server (issue 11 item 2, review
-operator.md §2 item 5(c) and R6). tests/k8s/test_operator_admission.py runs them for real."""
+"""The WorkflowRun admission rules (``treadle_operator.admission``), the webhook's answers
+and HTTPS server (``webhook``) and its certificates (``webhookcerts``), without an API
+server (issue 11 item 2, review operator.md §2 item 5(c) and R6).
+tests/k8s/test_operator_admission.py runs them against the real one."""
 
 from __future__ import annotations
 
 import copy
 import datetime as dt
-from typing import Any
+import socket
+import ssl
+from types import SimpleNamespace
+from typing import Any, cast
 
+import aiohttp
 import pytest
 from cryptography import x509
 
-from treadle_operator import admission, webhook
+from treadle_operator import admission, webhook, webhookcerts
+from treadle_operator.errors import WebhookUnavailable
+from treadle_operator.settings import OperatorSettings
+from treadle_operator.state import State
 
 RUN_ID = "wrun_abc"
 
@@ -177,7 +185,7 @@ NOW = dt.datetime(2026, 12, 1, tzinfo=dt.UTC)
 
 def test_the_serving_certificate_is_for_the_service_names_and_signed_by_the_ca() -> None:
     hosts = ["treadle-webhook.treadle-system.svc", "127.0.0.1"]
-    material = webhook.issue(hosts, NOW)
+    material = webhookcerts.issue(hosts, NOW)
     cert = x509.load_pem_x509_certificate(material.cert)
     ca = x509.load_pem_x509_certificate(material.ca_cert)
     assert cert.issuer == ca.subject
@@ -185,29 +193,119 @@ def test_the_serving_certificate_is_for_the_service_names_and_signed_by_the_ca()
     names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert names.get_values_for_type(x509.DNSName) == ["treadle-webhook.treadle-system.svc"]
     assert [str(ip) for ip in names.get_values_for_type(x509.IPAddress)] == ["127.0.0.1"]
-    assert webhook.renewal(material, hosts, NOW) is None
-    assert webhook.Material.from_secret_data(material.secret_data()) == material
+    assert webhookcerts.renewal(material, hosts, NOW) is None
+    assert webhookcerts.Material.from_secret_data(material.secret_data()) == material
 
 
 def test_renewal_is_due_near_the_end_or_for_other_names_and_keeps_the_ca() -> None:
     hosts = ["a.svc"]
-    material = webhook.issue(hosts, NOW)
-    assert webhook.renewal(None, hosts, NOW) == "no certificate yet"
-    late = NOW + dt.timedelta(days=webhook.CERT_DAYS) - dt.timedelta(days=10)
-    assert "the serving certificate ends" in (webhook.renewal(material, hosts, late) or "")
-    assert "not for all of" in (webhook.renewal(material, ["b.svc"], NOW) or "")
-    renewed = webhook.issue(hosts, late, material)
+    material = webhookcerts.issue(hosts, NOW)
+    assert webhookcerts.renewal(None, hosts, NOW) == "no certificate yet"
+    late = NOW + dt.timedelta(days=webhookcerts.CERT_DAYS) - dt.timedelta(days=10)
+    assert "the serving certificate ends" in (webhookcerts.renewal(material, hosts, late) or "")
+    assert "not for all of" in (webhookcerts.renewal(material, ["b.svc"], NOW) or "")
+    renewed = webhookcerts.issue(hosts, late, material)
     assert renewed.ca_cert == material.ca_cert and renewed.cert != material.cert
-    assert webhook.renewal(renewed, hosts, late) is None
+    assert webhookcerts.renewal(renewed, hosts, late) is None
 
 
 def test_secret_data_missing_a_key_is_no_material() -> None:
-    data = webhook.issue(["a"], NOW).secret_data()
+    data = webhookcerts.issue(["a"], NOW).secret_data()
     del data["ca.key"]
-    assert webhook.Material.from_secret_data(data) is None
-    assert webhook.Material.from_secret_data(None) is None
+    assert webhookcerts.Material.from_secret_data(data) is None
+    assert webhookcerts.Material.from_secret_data(None) is None
 
 
 def test_hosts_default_to_the_loopback_names() -> None:
-    assert webhook.parse_hosts("") == ["localhost", "127.0.0.1"]
-    assert webhook.parse_hosts(" a.svc, b ,") == ["a.svc", "b"]
+    assert webhookcerts.parse_hosts("") == ["localhost", "127.0.0.1"]
+    assert webhookcerts.parse_hosts(" a.svc, b ,") == ["a.svc", "b"]
+
+
+# -- the server -------------------------------------------------------------------------------
+
+
+def _review(operation: str, new: Any, old: Any = None, **request: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "u-1", "operation": operation, "object": new, "oldObject": old,
+            "resource": {"group": "treadle.dev", "version": "v1alpha1",
+                         "resource": "workflowruns"},
+            **request,
+        },
+    }  # fmt: skip
+
+
+def test_a_refusal_answers_422_with_every_problem_and_the_uid() -> None:
+    old = _started(_run())
+    new = copy.deepcopy(old)
+    new["spec"].update(workflow="other", input={"name": "b"})
+    answered = webhook.answer(_review("UPDATE", new, old))
+    assert answered["apiVersion"] == "admission.k8s.io/v1"
+    response = answered["response"]
+    assert (response["uid"], response["allowed"]) == ("u-1", False)
+    assert response["status"]["code"] == 422
+    assert response["status"]["message"].startswith("spec.workflow is immutable")
+    assert "; spec.input is immutable" in response["status"]["message"]
+
+
+def test_allowed_answers_carry_no_status_and_other_resources_pass() -> None:
+    assert webhook.answer(_review("CREATE", _run()))["response"] == {"uid": "u-1", "allowed": True}
+    bad = _run(input=42)
+    status = _review("UPDATE", bad, bad, subResource="status")
+    assert webhook.answer(status)["response"]["allowed"] is True
+    other = _review("CREATE", bad)
+    other["request"]["resource"]["resource"] = "workflowdeployments"
+    assert webhook.answer(other)["response"]["allowed"] is True
+    beta = {**_review("CREATE", bad), "apiVersion": "admission.k8s.io/v1beta1"}
+    assert webhook.answer(beta)["apiVersion"] == "admission.k8s.io/v1beta1"
+    with pytest.raises(ValueError, match=r"no request\.uid"):
+        webhook.answer({"kind": "AdmissionReview"})
+
+
+async def test_the_server_answers_over_tls_on_its_path_only(tmp_path: Any) -> None:
+    """The real HTTPS server (certificate in memory, no Secret, no configuration): a review
+    is answered; any other path is 404, so a wrong URL fails instead of allowing all."""
+    port = _free_port()
+    settings = OperatorSettings(
+        TREADLE_OPERATOR_WEBHOOK=True,
+        TREADLE_OPERATOR_WEBHOOK_ADDRESS="127.0.0.1",
+        TREADLE_OPERATOR_WEBHOOK_PORT=port,
+        TREADLE_OPERATOR_WEBHOOK_HOSTS="127.0.0.1",
+    )
+    state = cast(State, SimpleNamespace(settings=settings, kube=SimpleNamespace(core=None)))
+    server = await webhook.serve(state)
+    assert server is not None and server.material is not None
+    trust = ssl.create_default_context(cadata=server.material.ca_cert.decode())
+    url = f"https://127.0.0.1:{port}"
+    try:
+        async with aiohttp.ClientSession() as session:
+            review = _review("CREATE", _run(input="text"))
+            async with session.post(f"{url}{webhook.PATH}", json=review, ssl=trust) as got:
+                assert got.status == 200
+                answered = await got.json()
+            assert answered["response"]["allowed"] is False
+            assert "spec.input must be an object" in answered["response"]["status"]["message"]
+            async with session.post(f"{url}/validate", json=review, ssl=trust) as got:
+                assert got.status == 404
+            async with session.post(f"{url}{webhook.PATH}", data="{", ssl=trust) as got:
+                assert got.status == 400
+    finally:
+        await server.stop()
+
+
+async def test_the_webhook_is_off_unless_asked_and_a_secret_needs_its_namespace() -> None:
+    off = cast(State, SimpleNamespace(settings=OperatorSettings()))
+    assert await webhook.serve(off) is None
+    settings = OperatorSettings(
+        TREADLE_OPERATOR_WEBHOOK=True, TREADLE_OPERATOR_WEBHOOK_SECRET="treadle-webhook-tls"
+    )
+    with pytest.raises(WebhookUnavailable, match="needs TREADLE_OPERATOR_WEBHOOK_NAMESPACE"):
+        await webhook.serve(cast(State, SimpleNamespace(settings=settings)))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
