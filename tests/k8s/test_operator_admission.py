@@ -48,6 +48,8 @@ __all__ = ["nats_server", "operator_kubeconfig", "pg_clones", "pg_server"]
 RELEASE_NS = "treadle-system"  # chart_identity's release namespace: the Role is made there
 SELECTOR = "treadle.dev/admission-test"
 CONFIGS = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations"
+RBAC = "/apis/rbac.authorization.k8s.io/v1"
+INPUT_SECRET = "order-secret"
 
 
 def _free_port() -> int:
@@ -85,6 +87,13 @@ def admitted(
     kube.rest.create(
         "/api/v1/namespaces", {"metadata": {"name": namespace, "labels": {SELECTOR: namespace}}}
     )
+    # The chart's Role for rbac.inputSecretNames [order-secret] (namespace scope), here.
+    scoped = {"crds": {"install": False}, "rbac": {"scope": "namespace", "namespaces": [
+        namespace], "inputSecretNames": [INPUT_SECRET]}}  # fmt: skip
+    for m in render_chart(CHART, scoped, namespace=RELEASE_NS):
+        if m.kind in ("Role", "RoleBinding") and m.body["metadata"]["namespace"] == namespace:
+            plural = "roles" if m.kind == "Role" else "rolebindings"
+            kube.rest.create(f"{RBAC}/namespaces/{namespace}/{plural}", m.body)
     port = _free_port()
     config = _chart_configuration(namespace, port)
     name = config["metadata"]["name"]
@@ -105,6 +114,7 @@ def admitted(
         "TREADLE_OPERATOR_WEBHOOK_CONFIG": name,
         "TREADLE_OPERATOR_WEBHOOK_SECRET": "treadle-webhook-tls",
         "TREADLE_OPERATOR_WEBHOOK_NAMESPACE": RELEASE_NS,
+        "TREADLE_OPERATOR_INPUT_SECRETS": INPUT_SECRET,
     }
     try:
         with pytest.MonkeyPatch.context() as patch:
@@ -316,9 +326,21 @@ def test_an_input_from_a_config_map_waits_for_it_and_completes(admitted: Shop) -
 
 
 def test_a_secret_input_only_from_an_allowed_secret_never_the_worlds(admitted: Shop) -> None:
-    """spec.inputFrom.secretKeyRef reads only Secrets the chart lists (rbac.inputSecretNames,
-    none here) and never the deployment's World Secret: Failed with the reason, not Pending."""
+    """spec.inputFrom.secretKeyRef reads only Secrets the chart lists (rbac.inputSecretNames:
+    order-secret, with the chart's Role for it) and never the deployment's World Secret
+    (Failed with the reason, not Pending). The secret input never shows in the object."""
     shop = admitted
+    shop.kube.rest.create(
+        f"/api/v1/namespaces/{shop.namespace}/secrets",
+        {"metadata": {"name": INPUT_SECRET},
+         "stringData": {"input.json": json.dumps({"name": "s3cret"})}},
+    )  # fmt: skip
+    source = {"secretKeyRef": {"name": INPUT_SECRET, "key": "input.json"}}
+    assert _apply(shop, _manifest(shop, "from-secret", "greet", inputFrom=source)).returncode == 0
+    status = shop.phase("from-secret", "Completed", "Failed", timeout=60)
+    assert status["phase"] == "Completed", status
+    assert "s3cret" in json.dumps(shop.world_run(status["runId"])["input"])
+    assert "s3cret" not in json.dumps(shop.run("from-secret")["spec"])  # type: ignore[index]
     for run, secret, needle in (
         ("from-world", "treadle-world", "the World Secret of the deployment"),
         ("from-other", "orders", "not one the operator may read inputs from"),
