@@ -56,9 +56,13 @@ def allowed_secrets(setting: str) -> frozenset[str]:
 
 
 async def resolve(
-    state: State, namespace: str, spec: WorkflowRunSpec, world_secret: str
+    state: State, namespace: str, name: str, spec: WorkflowRunSpec, world_secret: str
 ) -> WorkflowRunSpec:
-    """``spec`` with ``input`` read from ``inputFrom`` (unchanged without ``inputFrom``)."""
+    """``spec`` with ``input`` read from ``inputFrom`` (unchanged without ``inputFrom``).
+
+    ``namespace``/``name``: the WorkflowRun's; ``world_secret``: its deployment's World
+    Secret name, never read as an input.
+    """
     source = spec.input_from
     if source is None:
         return spec
@@ -78,7 +82,7 @@ async def resolve(
         )
     where = f"{kind} {namespace}/{ref.name} key {ref.key}"
     try:
-        value = json.loads(text)
+        value = json.loads(text, parse_constant=_no_constant)
     except ValueError as exc:
         raise InputNotReady(
             "InvalidInputFrom", f"spec.inputFrom: {where} is not JSON ({exc}); fix it in place"
@@ -86,8 +90,13 @@ async def resolve(
     problems = admission.input_problems(value, f"spec.inputFrom ({where})")
     if problems:
         raise InputNotReady("InvalidInputFrom", f"{problems[0]}; fix it in place")
-    log.info("input of %s/%s read from %s", namespace, spec.workflow, where)
+    log.info("WorkflowRun %s/%s: input read from %s", namespace, name, where)
     return spec.model_copy(update={"input": value})
+
+
+def _no_constant(name: str) -> Any:
+    """Python's json takes NaN and Infinity; JSON (and PostgreSQL's JSONB) does not."""
+    raise ValueError(f"{name} is not a JSON value")
 
 
 def _may_read(state: State, ref: KeyRef, world_secret: str) -> None:

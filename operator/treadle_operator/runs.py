@@ -301,7 +301,8 @@ async def judged_input(
         return spec, ("InvalidInput", problems[0])
     world_secret = WorkflowDeploymentSpec.model_validate(wfd.get("spec") or {}).world.secret_name
     try:
-        read = await inputs.resolve(state, body["metadata"]["namespace"], spec, world_secret)
+        meta = body["metadata"]
+        read = await inputs.resolve(state, meta["namespace"], meta["name"], spec, world_secret)
     except inputs.InputNotReady as exc:
         raise NotYet(exc.reason, str(exc)) from exc
     except inputs.InputRefused as exc:
