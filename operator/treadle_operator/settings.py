@@ -59,6 +59,12 @@ class OperatorSettings(BaseSettings):
     TREADLE_OPERATOR_WEBHOOK_NAMESPACE: str = Field(
         default="", description="the operator's own namespace (the chart: from the Pod)"
     )
+    TREADLE_OPERATOR_WEBHOOK_BUNDLE_CHECK_SECONDS: float = Field(
+        default=30.0,
+        gt=0,
+        le=3600,
+        description="how often the configuration's caBundle is checked (and put back)",
+    )
     TREADLE_OPERATOR_INPUT_SECRETS: str = Field(
         default="",
         description="comma-separated Secret names spec.inputFrom.secretKeyRef may name (the "

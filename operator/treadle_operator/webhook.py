@@ -17,7 +17,8 @@ the operator's own finalizer updates, on a bug.
 Its certificate comes from ``webhookcerts`` (a CA of its own in a Secret the replicas
 share, patched into the configuration's caBundle), checked at start and every
 ``CHECK_SECONDS``: a renewed certificate (by this replica or another) is loaded into
-the server's TLS context for new connections. docs/operator-admission.md.
+the server's TLS context for new connections; the configuration's caBundle is checked
+every ``TREADLE_OPERATOR_WEBHOOK_BUNDLE_CHECK_SECONDS``. docs/operator-admission.md.
 """
 
 from __future__ import annotations
@@ -121,10 +122,13 @@ class AdmissionServer:
             self.certfile.write_bytes(material.cert)
             self.context.load_cert_chain(self.certfile, self.keyfile)  # new handshakes use it
             self.material = material
-        config = self.state.settings.TREADLE_OPERATOR_WEBHOOK_CONFIG
-        if config:
-            await keep_ca_bundle(self.state.kube.api, config, material.ca_cert)
+        await self._keep_bundle()
         return material
+
+    async def _keep_bundle(self) -> None:
+        config = self.state.settings.TREADLE_OPERATOR_WEBHOOK_CONFIG
+        if config and self.material is not None:
+            await keep_ca_bundle(self.state.kube.api, config, self.material.ca_cert)
 
     async def start(self) -> None:
         cfg = self.state.settings
@@ -150,12 +154,21 @@ class AdmissionServer:
         )
 
     async def _keep(self) -> None:
+        """The caBundle every TREADLE_OPERATOR_WEBHOOK_BUNDLE_CHECK_SECONDS (one GET: a
+        configuration re-created by Helm, or put back after the escape hatch, gets it back
+        within that), the certificate every CHECK_SECONDS."""
+        waited, every = 0.0, self.state.settings.TREADLE_OPERATOR_WEBHOOK_BUNDLE_CHECK_SECONDS
         while True:
-            await asyncio.sleep(CHECK_SECONDS)
+            await asyncio.sleep(every)
+            waited += every
             try:
-                await self.refresh()
+                if waited >= CHECK_SECONDS:
+                    waited = 0.0
+                    await self.refresh()
+                else:
+                    await self._keep_bundle()
             except Exception:  # the next check tries again; the server keeps serving
-                log.exception("webhook certificate check failed")
+                log.exception("webhook certificate or caBundle check failed")
 
     async def stop(self) -> None:
         if self.task is not None:

@@ -115,6 +115,7 @@ def admitted(
         "TREADLE_OPERATOR_WEBHOOK_SECRET": "treadle-webhook-tls",
         "TREADLE_OPERATOR_WEBHOOK_NAMESPACE": RELEASE_NS,
         "TREADLE_OPERATOR_INPUT_SECRETS": INPUT_SECRET,
+        "TREADLE_OPERATOR_WEBHOOK_BUNDLE_CHECK_SECONDS": "0.5",
     }
     try:
         with pytest.MonkeyPatch.context() as patch:
@@ -426,6 +427,37 @@ def test_replicas_share_one_certificate_through_the_secret(admitted: Shop) -> No
     assert first == second
     assert renamed.ca_cert == first.ca_cert and renamed.cert != first.cert
     assert Material.from_secret_data(stored) == renamed
+
+
+def test_a_blanked_ca_bundle_is_put_back_by_the_operator(admitted: Shop) -> None:
+    """A tool that replaces the configuration whole (kubectl replace, the escape hatch then
+    a reinstall) drops the caBundle: the API server then cannot trust the webhook and, under
+    Fail, refuses writes; the operator's check puts the CA back and writes pass again."""
+    shop = admitted
+    path = f"{CONFIGS}/treadle-webhook"
+    config = shop.kube.rest.get(path)
+    bundle = config["webhooks"][0]["clientConfig"]["caBundle"]
+    hooks = copy.deepcopy(config["webhooks"])
+    for hook in hooks:
+        del hook["clientConfig"]["caBundle"]
+    blanked = shop.kube.rest.patch(path, {"webhooks": hooks})  # a merge patch: the whole list
+    assert not blanked["webhooks"][0]["clientConfig"].get("caBundle")
+    back = wait_for(
+        lambda: shop.kube.rest.get(path)["webhooks"][0]["clientConfig"].get("caBundle"),
+        30,
+        what="the caBundle put back",
+    )
+    assert back == bundle
+    done = wait_for(
+        lambda: (
+            (d := _apply(shop, _manifest(shop, "after-bundle", "greet", {"name": "b"}))).returncode
+            == 0
+            and d
+        ),
+        30,
+        what="writes admitted again",
+    )
+    assert done.returncode == 0
 
 
 def test_with_the_operator_down_writes_are_refused_by_failure_policy_fail(admitted: Shop) -> None:
