@@ -195,7 +195,13 @@ class InputFrom(_Model):
 
 
 class WorkflowRunSpec(_Model):
-    deployment: str = Field(min_length=1, description="the WorkflowDeployment to run on")
+    deployment: str = Field(
+        min_length=1,
+        # A name (DNS subdomain), checked by the API server only (the schema): an object
+        # stored before the pattern still parses here and waits, DeploymentNotFound.
+        json_schema_extra={"maxLength": 253, "pattern": r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"},
+        description="the WorkflowDeployment to run on (its name, in this namespace)",
+    )
     workflow: str = Field(min_length=1, description="the workflow's name in the app")
     input: JsonValue = Field(
         default=None,

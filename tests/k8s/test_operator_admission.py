@@ -264,7 +264,9 @@ def test_an_inline_input_over_the_limit_and_invalid_values_are_refused_at_create
     }  # fmt: skip
     for manifest, needle in cases.values():
         _refused(_apply(shop, manifest), needle)
-    for name in ("big", *cases):
+    typo = _apply(shop, _manifest(shop, "typo", "greet", {"name": "a"}, deployment="Shop_1"))
+    assert typo.returncode != 0 and "spec.deployment" in typo.stderr, typo.stderr  # the schema
+    for name in ("big", "typo", *cases):
         assert shop.run(name) is None, f"{name} was stored"
 
 

@@ -14,9 +14,10 @@ from typing import Any, cast
 
 import aiohttp
 import pytest
+import yaml
 from cryptography import x509
 
-from treadle_operator import admission, webhook, webhookcerts
+from treadle_operator import admission, crds, webhook, webhookcerts
 from treadle_operator.errors import WebhookUnavailable
 from treadle_operator.settings import OperatorSettings
 from treadle_operator.state import State
@@ -309,3 +310,16 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def test_the_schema_checks_what_it_can_name_itself() -> None:
+    """Names are the API server's to refuse (field named, no webhook needed)."""
+    run = yaml.safe_load(crds.render_plain(crds.KINDS[1]))
+    spec = run["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    name = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
+    assert spec["properties"]["deployment"]["pattern"] == name
+    refs = spec["properties"]["inputFrom"]["properties"]
+    for ref in ("configMapKeyRef", "secretKeyRef"):
+        assert refs[ref]["properties"]["name"]["pattern"] == name
+        assert refs[ref]["properties"]["key"]["pattern"] == r"^[-._a-zA-Z0-9]+$"
+        assert refs[ref]["required"] == ["name", "key"]
