@@ -10,7 +10,9 @@
     │   └── WorldHostRefused      a URL's host is not in TREADLE_OPERATOR_WORLD_HOSTS
     ├── NotConfigured             no cluster: not in a Pod and no usable kubeconfig
     ├── DeploymentRefused         the API server refused a worker Deployment (its template)
-    └── LeadershipLost            the Lease was not renewed in time: the operator stopped
+    ├── LeadershipLost            the Lease was not renewed in time: the operator stopped
+    └── WebhookUnavailable        the admission webhook's certificate Secret or
+                                  configuration cannot be used (RBAC, conflicts)
 
 Engine errors (``treadle.errors``) pass through unchanged; a run the World
 refuses to start is a ``treadle.errors.WorldError``.
@@ -53,3 +55,7 @@ class DeploymentRefused(OperatorError):
 
 class LeadershipLost(OperatorError):
     """The leader Lease was not renewed within renewDeadline: handlers stopped (exit 1)."""
+
+
+class WebhookUnavailable(OperatorError):
+    """The admission webhook cannot be served: its Secret or configuration is unusable."""

@@ -37,7 +37,12 @@ def _plain(body: Any) -> dict[str, Any]:
 def configure(settings: kopf.OperatorSettings, *, namespaced: bool = False) -> None:
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="treadle.dev")
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix="treadle.dev", key="last-handled-configuration"
+        prefix="treadle.dev",
+        key="last-handled-configuration",
+        # Review R6: no copy of a run's input in kopf's annotation (kubectl's client-side
+        # apply keeps one; two passed the 256 KiB annotation limit). No handler reacts to
+        # spec.input (it is immutable once started: treadle_operator.admission).
+        ignored_fields=["spec.input"],
     )
     settings.persistence.finalizer = FINALIZER
     settings.peering.standalone = True

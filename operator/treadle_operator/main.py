@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 import kopf
 
-from treadle_operator import handlers, kube, leader, runs, worldhosts
+from treadle_operator import handlers, kube, leader, runs, webhook, worldhosts
 from treadle_operator.errors import LeadershipLost
 from treadle_operator.settings import OperatorSettings
 from treadle_operator.state import State
@@ -45,6 +45,8 @@ async def run(namespaces: Sequence[str] = ()) -> None:
     sync.mirrors = functools.partial(runs.mirrors, state)
     registry = handlers.build_registry(state)
     elector = _elector(client, settings)
+    # The admission webhook answers on every replica, before kopf (and any leadership).
+    admission_server = await webhook.serve(state)
     try:
         if elector is not None:
             await elector.acquire()
@@ -56,6 +58,8 @@ async def run(namespaces: Sequence[str] = ()) -> None:
     finally:
         if elector is not None:
             await elector.release()
+        if admission_server is not None:
+            await admission_server.stop()
         await sync.close()
         await worlds.close()
         await client.close()

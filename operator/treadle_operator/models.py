@@ -263,12 +263,44 @@ class WorkflowDeployment(_Model):
 # -- WorkflowRun ----------------------------------------------------------------------
 
 
+class KeyRef(_Model):
+    """One key of a ConfigMap or Secret in the WorkflowRun's namespace."""
+
+    name: str = Field(min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+    key: str = Field(min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$")
+
+
+class InputFrom(_Model):
+    """Where a large (or secret) input is: exactly one of the refs (docs/operator-admission.md)."""
+
+    config_map_key_ref: KeyRef | None = Field(
+        default=None, description="a ConfigMap key holding the input as JSON"
+    )
+    secret_key_ref: KeyRef | None = Field(
+        default=None,
+        description="a Secret key holding the input as JSON (only Secrets the chart's "
+        "rbac.inputSecretNames lists)",
+    )
+
+
 class WorkflowRunSpec(_Model):
-    deployment: str = Field(min_length=1, description="the WorkflowDeployment to run on")
+    deployment: str = Field(
+        min_length=1,
+        # A name (DNS subdomain), checked by the API server only (the schema): an object
+        # stored before the pattern still parses here and waits, DeploymentNotFound.
+        json_schema_extra={"maxLength": 253, "pattern": r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"},
+        description="the WorkflowDeployment to run on (its name, in this namespace)",
+    )
     workflow: str = Field(min_length=1, description="the workflow's name in the app")
     input: JsonValue = Field(
         default=None,
-        description="keyword arguments as an object, or positional ones as an array",
+        description="keyword arguments as an object, or positional ones as an array "
+        "(at most 128 KiB as JSON; larger ones through inputFrom)",
+    )
+    input_from: InputFrom | None = Field(
+        default=None,
+        description="the input read from a ConfigMap or Secret key when the run starts, "
+        "instead of spec.input",
     )
     cancel: bool = Field(default=False, description="cancel the run and keep this object")
     ttl_seconds_after_finished: int | None = Field(

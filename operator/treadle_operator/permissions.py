@@ -39,6 +39,16 @@ or dropped here first. Why each rule is there:
   list, watch, so kopf can discover its resources and serve every namespace
   (cluster scope only).
 
+- ``""`` ``configmaps``: get, to read a WorkflowRun's ``spec.inputFrom.configMapKeyRef``
+  when its run starts (docs/operator-admission.md). ``secretKeyRef`` inputs need their
+  Secret names in the secrets rule too (the chart's ``rbac.inputSecretNames``).
+- The admission webhook (chart ``webhook.enabled``), two more objects, by name only
+  (``webhook_cluster_rules``, ``webhook_namespace_rules``): get and patch on the one
+  ValidatingWebhookConfiguration the chart makes (its ``caBundle``), and in the
+  operator's own namespace create Secrets plus get and patch on the webhook's
+  certificate Secret (RBAC cannot limit ``create`` by name: the Role is confined to
+  the release namespace instead).
+
 The operator runs kopf ``--standalone`` (no peering objects), so it needs nothing
 in ``kopf.dev``.
 
@@ -99,6 +109,7 @@ NAMESPACED_RULES: tuple[PolicyRule, ...] = (
         resources=("workflowdeployments/finalizers",),
         verbs=("update",),
     ),
+    PolicyRule(api_groups=("",), resources=("configmaps",), verbs=("get",)),
 )
 CLUSTER_ONLY_RULES: tuple[PolicyRule, ...] = (
     PolicyRule(
@@ -121,14 +132,43 @@ def secrets_rule(world_secrets: tuple[str, ...]) -> PolicyRule:
 
 def namespace_rules(
     world_secrets: tuple[str, ...] = DEFAULT_WORLD_SECRETS,
+    input_secrets: tuple[str, ...] = (),
 ) -> tuple[PolicyRule, ...]:
     """The Role in each watched namespace (``rbac.scope: namespace``)."""
-    return (*NAMESPACED_RULES, secrets_rule(world_secrets))
+    return (*NAMESPACED_RULES, secrets_rule((*world_secrets, *input_secrets)))
 
 
-def cluster_rules(world_secrets: tuple[str, ...] = DEFAULT_WORLD_SECRETS) -> tuple[PolicyRule, ...]:
+def cluster_rules(
+    world_secrets: tuple[str, ...] = DEFAULT_WORLD_SECRETS,
+    input_secrets: tuple[str, ...] = (),
+) -> tuple[PolicyRule, ...]:
     """The ClusterRole (``rbac.scope: cluster``)."""
-    return (*namespace_rules(world_secrets), *CLUSTER_ONLY_RULES)
+    return (*namespace_rules(world_secrets, input_secrets), *CLUSTER_ONLY_RULES)
+
+
+def webhook_cluster_rules(configuration: str) -> tuple[PolicyRule, ...]:
+    """The webhook's ClusterRole: its one ValidatingWebhookConfiguration's caBundle."""
+    return (
+        PolicyRule(
+            api_groups=("admissionregistration.k8s.io",),
+            resources=("validatingwebhookconfigurations",),
+            verbs=("get", "patch"),
+            resource_names=(configuration,),
+        ),
+    )
+
+
+def webhook_namespace_rules(secret: str) -> tuple[PolicyRule, ...]:
+    """The webhook's Role in the operator's namespace: its certificate Secret."""
+    return (
+        PolicyRule(api_groups=("",), resources=("secrets",), verbs=("create",)),
+        PolicyRule(
+            api_groups=("",),
+            resources=("secrets",),
+            verbs=("get", "patch"),
+            resource_names=(secret,),
+        ),
+    )
 
 
 OPERATOR_RULES: tuple[PolicyRule, ...] = cluster_rules()

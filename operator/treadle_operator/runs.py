@@ -37,7 +37,7 @@ from treadle.client import start_run
 from treadle.sdk import catalogue, functions
 from treadle.world import contract, events
 from treadle.world.records import RunRecord
-from treadle_operator import binding, models, runstatus
+from treadle_operator import admission, binding, inputs, models, runstatus
 from treadle_operator.conditions import condition, merge_conditions
 from treadle_operator.errors import WorldUnavailable
 from treadle_operator.models import WorkflowDeploymentSpec, WorkflowRunSpec, WorkflowRunStatus
@@ -47,6 +47,7 @@ log = logging.getLogger("treadle.operator.runs")
 
 PLURAL = "workflowruns"
 MIRRORED = "treadle.dev/mirrored-run"
+INPUT_OMITTED = "treadle.dev/input-omitted"  # a mirrored run's input too large to show
 STARTED_BY = binding.STARTED_BY
 SPEC_VERSION = 9
 
@@ -155,6 +156,7 @@ async def start(state: State, body: dict[str, Any]) -> None:
             if status.mirrored or not status.revision:
                 raise
             # Chosen and recorded here, then the handler stopped before the run was.
+            spec, _ = await judged_input(state, body, spec, wfd)
             status = await _record_on_latest(state, world, body, spec, status)
         else:
             foreign = binding.refusal(run, body, wfd)
@@ -191,7 +193,8 @@ async def start(state: State, body: dict[str, Any]) -> None:
         )
     record = await world.deployments.get(revision)
     served = record.catalogue if record is not None else None
-    problem = refusal(served, spec, revision)
+    spec, problem = await judged_input(state, body, spec, wfd)
+    problem = problem or refusal(served, spec, revision)
     if problem is not None:
         reason, message = problem
         failed = status.model_copy(
@@ -370,6 +373,32 @@ async def refuse(state: State, body: dict[str, Any], problem: str) -> None:
     )
     await _patch(state, body, refused)
     await state.kube.event(body, "RunNotOwned", problem, warning=True)
+
+
+async def judged_input(
+    state: State, body: dict[str, Any], spec: WorkflowRunSpec, wfd: dict[str, Any]
+) -> tuple[WorkflowRunSpec, tuple[str, str] | None]:
+    """``spec`` with its input read from ``inputFrom``, and why it can never start, if so.
+
+    The admission rules again (``admission.spec_problems``, the inline size limit), for
+    objects written while the webhook was off; ``NotYet`` while the input cannot be read.
+    """
+    raw = spec.model_dump(mode="json", by_alias=True)
+    problems = admission.spec_problems(raw)
+    size = None if spec.input_from else admission.inline_size_problem(spec.input)
+    if size is not None:
+        problems.append(size)
+    if problems:
+        return spec, ("InvalidInput", problems[0])
+    world_secret = WorkflowDeploymentSpec.model_validate(wfd.get("spec") or {}).world.secret_name
+    try:
+        meta = body["metadata"]
+        read = await inputs.resolve(state, meta["namespace"], meta["name"], spec, world_secret)
+    except inputs.InputNotReady as exc:
+        raise NotYet(exc.reason, str(exc)) from exc
+    except inputs.InputRefused as exc:
+        return spec, (exc.reason, str(exc))
+    return read, None
 
 
 def refusal(served: Any, spec: WorkflowRunSpec, revision: str) -> tuple[str, str] | None:
@@ -564,6 +593,12 @@ async def mirror(state: State, world: contract.World, run_id: str) -> None:
             "ttlSecondsAfterFinished": owner.mirror_ttl_seconds,
         },
     }
+    shown = body["spec"]["input"]
+    if admission.inline_size_problem(shown) is not None:  # the webhook refuses it inline
+        del body["spec"]["input"]
+        body["metadata"]["annotations"][INPUT_OMITTED] = (
+            f"{admission.input_size(shown)} bytes: over the inline limit, see the World's run"
+        )
     try:
         await state.kube.create(PLURAL, owner.namespace, body)
     except Exception as exc:

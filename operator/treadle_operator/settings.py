@@ -52,3 +52,40 @@ class OperatorSettings(BaseSettings):
     TREADLE_OPERATOR_RENEW_DEADLINE_SECONDS: float = Field(default=10.0, gt=0, le=3600)
     TREADLE_OPERATOR_RETRY_PERIOD_SECONDS: float = Field(default=2.0, gt=0, le=3600)
     TREADLE_LOG_LEVEL: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    # The validating admission webhook (treadle_operator.webhook, docs/operator-admission.md).
+    TREADLE_OPERATOR_WEBHOOK: bool = Field(
+        default=False, description="serve the WorkflowRun admission webhook (the chart: on)"
+    )
+    TREADLE_OPERATOR_WEBHOOK_ADDRESS: str = Field(
+        default="0.0.0.0", description="the address the webhook server listens on"
+    )
+    TREADLE_OPERATOR_WEBHOOK_PORT: int = Field(default=9443, ge=1, le=65535)
+    TREADLE_OPERATOR_WEBHOOK_HOSTS: str = Field(
+        default="",
+        description="comma-separated DNS names and IPs the serving certificate is for (the "
+        "webhook Service's names); empty: localhost and 127.0.0.1",
+    )
+    TREADLE_OPERATOR_WEBHOOK_CONFIG: str = Field(
+        default="",
+        description="the ValidatingWebhookConfiguration whose caBundle the operator keeps "
+        "equal to its CA; empty: none (the caBundle is provided otherwise)",
+    )
+    TREADLE_OPERATOR_WEBHOOK_SECRET: str = Field(
+        default="",
+        description="the Secret (in TREADLE_OPERATOR_WEBHOOK_NAMESPACE) holding the CA and "
+        "serving certificate, shared by the operator's replicas; empty: kept in memory",
+    )
+    TREADLE_OPERATOR_WEBHOOK_NAMESPACE: str = Field(
+        default="", description="the operator's own namespace (the chart: from the Pod)"
+    )
+    TREADLE_OPERATOR_WEBHOOK_BUNDLE_CHECK_SECONDS: float = Field(
+        default=30.0,
+        gt=0,
+        le=3600,
+        description="how often the configuration's caBundle is checked (and put back)",
+    )
+    TREADLE_OPERATOR_INPUT_SECRETS: str = Field(
+        default="",
+        description="comma-separated Secret names spec.inputFrom.secretKeyRef may name (the "
+        "chart's rbac.inputSecretNames); empty: none",
+    )

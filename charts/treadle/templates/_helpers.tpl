@@ -57,10 +57,28 @@ name only (rbac.worldSecretNames).
   resources: ["workflowdeployments/finalizers"]
   verbs: ["update"]
 - apiGroups: [""]
+  resources: ["configmaps"]
+  verbs: ["get"]
+- apiGroups: [""]
   resources: ["secrets"]
   verbs: ["get"]
   resourceNames:
-    {{- toYaml .Values.rbac.worldSecretNames | nindent 4 }}
+    {{- range .Values.rbac.worldSecretNames }}
+    - {{ . | quote }}
+    {{- end }}
+    {{- range .Values.rbac.inputSecretNames }}
+    - {{ . | quote }}
+    {{- end }}
+{{- end }}
+
+{{/* rbac.inputSecretNames as the comma-separated TREADLE_OPERATOR_INPUT_SECRETS. */}}
+{{- define "treadle.inputSecrets" -}}
+{{- range .Values.rbac.inputSecretNames }}{{ . }},{{ end }}
+{{- end }}
+
+{{/* The webhook Service's names: the serving certificate's subject alternative names. */}}
+{{- define "treadle.webhookHosts" -}}
+{{ include "treadle.fullname" . }}-webhook.{{ .Release.Namespace }}.svc,{{ include "treadle.fullname" . }}-webhook.{{ .Release.Namespace }}.svc.cluster.local,{{ include "treadle.fullname" . }}-webhook.{{ .Release.Namespace }},{{ include "treadle.fullname" . }}-webhook
 {{- end }}
 
 {{/* worldHosts as the comma-separated TREADLE_OPERATOR_WORLD_HOSTS. */}}
