@@ -62,6 +62,19 @@ KINDS = (
             ("Age", "date", ".metadata.creationTimestamp"),
         ),
     ),
+    Kind(
+        kind="WorkflowSignal",
+        plural="workflowsignals",
+        short_name="wfs",
+        model=models.WorkflowSignal,
+        columns=(
+            ("Action", "string", ".spec.action"),
+            ("Run", "string", ".spec.run"),
+            ("Phase", "string", ".status.phase"),
+            ("Message", "string", ".status.message"),
+            ("Age", "date", ".metadata.creationTimestamp"),
+        ),
+    ),
 )
 
 # What a pydantic schema says that a structural schema either says differently or not at all.

@@ -20,7 +20,7 @@ from typing import Any
 from treadle.world import contract
 from treadle.world.records import RunStatus
 from treadle.worlds.production import PostgresNatsWorld
-from treadle_operator import kube, manifests, models, podsecurity, revisions, transport
+from treadle_operator import kube, manifests, metrics, models, podsecurity, revisions, transport
 from treadle_operator.conditions import condition, merge_conditions
 from treadle_operator.errors import (
     WorldHostRefused,
@@ -121,9 +121,11 @@ async def reconcile(state: State, body: dict[str, Any]) -> None:
             ],
         ) + [c for c in status.conditions if c.type in ("SpecAccepted", "WorkersHealthy")]
         await _record(state, body, status, status.model_copy(update={"conditions": conditions}))
+        metrics.world_reachable(namespace, name, False)
         log.warning("WorkflowDeployment %s/%s: %s", namespace, name, exc)
         return
 
+    metrics.world_reachable(namespace, name, True)
     observed = {
         r.id: await _observe(state, namespace, world, r)
         for r in status.revisions

@@ -7,7 +7,9 @@
     │   ├── WorldSecretMissing    its Secret, or a key in it, does not exist (retried)
     │   ├── WorldSecretForbidden  RBAC does not let the operator read that Secret
     │   └── WorldHostRefused      a URL's host is not in TREADLE_OPERATOR_WORLD_HOSTS
-    └── NotConfigured             no cluster: not in a Pod and no usable kubeconfig
+    ├── NotConfigured             no cluster: not in a Pod and no usable kubeconfig
+    ├── SignalRefused             a WorkflowSignal cannot be done (its status says why)
+    └── SignalNotYet              a WorkflowSignal cannot be done yet (retried)
 
 Engine errors (``treadle.errors``) pass through unchanged; a run the World
 refuses to start is a ``treadle.errors.WorldError``.
@@ -38,3 +40,21 @@ class WorldHostRefused(WorldUnavailable):
 
 class NotConfigured(OperatorError):
     """Not in a Pod, and no usable kubeconfig: there is no cluster to serve."""
+
+
+class SignalRefused(OperatorError):
+    """A WorkflowSignal that cannot be done: unknown run, hook not found, bad payload.
+    ``reason`` is a word for ``status.reason``; the message is ``status.message``."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class SignalNotYet(OperatorError):
+    """A WorkflowSignal that time may make possible (the World unreachable, the run not
+    started yet): retried until the signal deadline."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason

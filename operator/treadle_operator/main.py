@@ -9,6 +9,7 @@ from collections.abc import Sequence
 import kopf
 
 from treadle_operator import handlers, kube, runs, worldhosts
+from treadle_operator.probes import Probes
 from treadle_operator.settings import OperatorSettings
 from treadle_operator.state import State
 from treadle_operator.sync import StatusSync
@@ -43,14 +44,23 @@ async def run(namespaces: Sequence[str] = ()) -> None:
     log.info(
         "treadle operator serving %s", ", ".join(namespaces) if namespaces else "every namespace"
     )
+    probes = None
+    if settings.TREADLE_OPERATOR_PROBE_PORT:
+        probes = Probes(
+            state, settings.TREADLE_OPERATOR_PROBE_HOST, settings.TREADLE_OPERATOR_PROBE_PORT
+        )
+        await probes.start()
     try:
         await kopf.operator(
             registry=registry,
             standalone=True,
             clusterwide=not namespaces,
             namespaces=list(namespaces),
+            ready_flag=probes.kopf_ready if probes is not None else None,
         )
     finally:
+        if probes is not None:
+            await probes.stop()
         await sync.close()
         await worlds.close()
         await client.close()

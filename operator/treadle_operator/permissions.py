@@ -30,6 +30,11 @@ or dropped here first. Why each rule is there:
   WorkflowDeployment names (``spec.world.secretName`` must be one of the names).
 - ``""`` ``events``: create, patch, Kubernetes Events for phase changes (kopf posts
   its own too).
+- ``treadle.dev`` ``workflowsignals`` (+ ``/status``): get, list, watch to handle
+  each signal once; patch for its status and kopf's annotations; delete after
+  ``ttlSecondsAfterHandled``. A Rerun creates a WorkflowRun (``create`` above).
+- ``""`` ``configmaps``: get, a ResumeHook's ``payloadFrom.configMapKeyRef``. (A
+  ``secretKeyRef`` payload can only name a Secret of ``rbac.worldSecretNames``.)
 - ``apiextensions.k8s.io`` ``customresourcedefinitions`` and ``""`` ``namespaces``:
   list, watch, so kopf can discover its resources and serve every namespace
   (cluster scope only).
@@ -84,6 +89,21 @@ NAMESPACED_RULES: tuple[PolicyRule, ...] = (
     ),
     PolicyRule(api_groups=("",), resources=("pods",), verbs=("get", "list", "watch")),
     PolicyRule(api_groups=("",), resources=("events",), verbs=("create", "patch")),
+    *(
+        # WorkflowSignal (signals.py): handled once, status written, deleted after its TTL;
+        # a hook payload may come from a ConfigMap key.
+        PolicyRule(
+            api_groups=("treadle.dev",),
+            resources=("workflowsignals",),
+            verbs=("get", "list", "watch", "patch", "delete"),
+        ),
+        PolicyRule(
+            api_groups=("treadle.dev",),
+            resources=("workflowsignals/status",),
+            verbs=("get", "patch"),
+        ),
+        PolicyRule(api_groups=("",), resources=("configmaps",), verbs=("get",)),
+    ),
 )
 CLUSTER_ONLY_RULES: tuple[PolicyRule, ...] = (
     PolicyRule(

@@ -36,7 +36,7 @@ from treadle.sdk import catalogue, functions
 from treadle.world import events
 from treadle.world.records import RunRecord
 from treadle.worlds.production import PostgresNatsWorld
-from treadle_operator import binding, models, runstatus
+from treadle_operator import binding, metrics, models, runstatus
 from treadle_operator.conditions import condition, merge_conditions
 from treadle_operator.errors import WorldUnavailable
 from treadle_operator.models import WorkflowDeploymentSpec, WorkflowRunSpec, WorkflowRunStatus
@@ -214,6 +214,7 @@ async def start(state: State, body: dict[str, Any]) -> None:
     )
     await _patch(state, body, chosen)
     await _record_run(state, world, body, spec, run_id, revision)
+    metrics.RUNS_STARTED.inc(namespace=namespace)
     await state.kube.event(body, "Started", f"run {run_id} started on revision {revision}")
     state.sync.track(run_id, world, body, chosen, payloads.active())
 

@@ -32,4 +32,25 @@ class OperatorSettings(BaseSettings):
         description="comma-separated hosts (host or host:port, '*.suffix' for a domain) the "
         "operator may connect to as a World; empty: any (see docs/operator-security.md)",
     )
+    TREADLE_OPERATOR_SIGNAL_TTL_SECONDS: int = Field(
+        default=3600,
+        ge=0,
+        description="how long a handled WorkflowSignal is kept (its spec.ttlSecondsAfterHandled "
+        "wins)",
+    )
+    TREADLE_OPERATOR_SIGNAL_DEADLINE_SECONDS: float = Field(
+        default=600.0,
+        gt=0,
+        description="how long a WorkflowSignal that cannot be handled yet (World unreachable, "
+        "run not started) is retried before it is Failed",
+    )
+    TREADLE_OPERATOR_PROBE_PORT: int = Field(
+        default=0,
+        ge=0,
+        le=65535,
+        description="the port of /healthz, /readyz and /metrics (the chart sets 8080); 0: none",
+    )
+    TREADLE_OPERATOR_PROBE_HOST: str = Field(
+        default="0.0.0.0", description="the address the probe and metrics server binds"
+    )
     TREADLE_LOG_LEVEL: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"

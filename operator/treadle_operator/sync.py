@@ -32,7 +32,7 @@ from treadle import errors as engine_errors
 from treadle import payloads
 from treadle.worlds.postgres.feed import CHANNEL
 from treadle.worlds.production import PostgresNatsWorld
-from treadle_operator import models, runstatus
+from treadle_operator import metrics, models, runstatus
 from treadle_operator.kube import Kube
 from treadle_operator.models import WorkflowRunStatus
 from treadle_operator.progress import RunView, status_of
@@ -101,6 +101,10 @@ class StatusSync:
 
     def tracks(self, run_id: str) -> bool:
         return run_id in self._runs
+
+    def count(self) -> int:
+        """How many runs are tracked (the ``treadle_operator_tracked_runs`` gauge)."""
+        return len(self._runs)
 
     def poke(self, run_id: str) -> None:
         self._dirty.add(run_id)
@@ -233,6 +237,8 @@ class StatusSync:
             merged = {**(meta.get("labels") or {}), **labels}
             meta["labels"] = {k: v for k, v in merged.items() if v is not None}
         if status.phase != before:
+            if status.phase in models.FINISHED_PHASES:
+                metrics.RUNS_FINISHED.inc(namespace=tracked.namespace, phase=status.phase)
             message = f"run {run_id} is {status.phase.lower()}"
             if status.error is not None:
                 message += f": {status.error.type}: {status.error.message}"

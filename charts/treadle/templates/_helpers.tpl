@@ -58,6 +58,15 @@ name only (rbac.worldSecretNames).
   verbs: ["get"]
   resourceNames:
     {{- toYaml .Values.rbac.worldSecretNames | nindent 4 }}
+- apiGroups: ["treadle.dev"]
+  resources: ["workflowsignals"]
+  verbs: ["get", "list", "watch", "patch", "delete"]
+- apiGroups: ["treadle.dev"]
+  resources: ["workflowsignals/status"]
+  verbs: ["get", "patch"]
+- apiGroups: [""]
+  resources: ["configmaps"]
+  verbs: ["get"]
 {{- end }}
 
 {{/* worldHosts as the comma-separated TREADLE_OPERATOR_WORLD_HOSTS. */}}
