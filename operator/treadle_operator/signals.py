@@ -32,6 +32,7 @@ deleted ``spec.ttlSecondsAfterHandled`` (default one hour) later.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -443,15 +444,25 @@ ACTIONS: dict[str, Action] = {
 # -- TTL and kopf ---------------------------------------------------------------------------
 
 
-def expired(body: dict[str, Any], now: datetime, default_ttl: int) -> bool:
-    """A handled signal whose TTL has passed."""
+def seconds_left(body: dict[str, Any], now: datetime, default_ttl: int) -> float | None:
+    """How long a handled signal has before its TTL deletes it (``None``: not handled)."""
     status = _status(body)
     if status.phase not in models.SIGNAL_HANDLED_PHASES or not status.handled_at:
-        return False
+        return None
     ttl = (body.get("spec") or {}).get("ttlSecondsAfterHandled")
     seconds = ttl if isinstance(ttl, int) else default_ttl
     handled = datetime.strptime(status.handled_at, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
-    return (now - handled).total_seconds() >= seconds
+    return max(0.0, seconds - (now - handled).total_seconds())
+
+
+async def _expire(state: State, body: dict[str, Any], delay: float) -> None:
+    await asyncio.sleep(delay)
+    meta = body["metadata"]
+    current = await state.kube.get(PLURAL, meta["namespace"], meta["name"])
+    if current is None or current["metadata"].get("uid") != meta["uid"]:
+        return  # gone already, or a new object of that name
+    log.info("WorkflowSignal %s handled and its TTL passed", _where(body))
+    await state.kube.delete(PLURAL, meta["namespace"], meta["name"])
 
 
 def _plain(body: Any) -> dict[str, Any]:
@@ -460,31 +471,36 @@ def _plain(body: Any) -> dict[str, Any]:
 
 
 def register(registry: kopf.OperatorRegistry, state: State) -> None:
-    """The WorkflowSignal handlers: handle once (new or found at start), expire."""
+    """The WorkflowSignal handlers: handle once (new, or found when the operator starts),
+    then delete it when its TTL has passed.
+
+    The TTL is a task of this process, scheduled again for every handled signal kopf
+    lists at start, not a kopf timer: a timer would put kopf's finalizer on every
+    signal, and ``kubectl delete wfs`` would hang while the operator is down.
+    """
     cfg = state.settings
     group, version = models.GROUP, models.VERSION
+    expiries: dict[str, asyncio.Task[None]] = {}
+
+    def schedule(body: dict[str, Any]) -> None:
+        uid = str(body["metadata"]["uid"])
+        delay = seconds_left(body, datetime.now(UTC), cfg.TREADLE_OPERATOR_SIGNAL_TTL_SECONDS)
+        if delay is None or uid in expiries:
+            return
+        task = asyncio.get_running_loop().create_task(_expire(state, body, delay))
+        expiries[uid] = task
+        task.add_done_callback(lambda _: expiries.pop(uid, None))
 
     @kopf.on.create(group, version, PLURAL, registry=registry)
     @kopf.on.resume(group, version, PLURAL, registry=registry)
     async def signal_seen(body: kopf.Body, **_: Any) -> None:
+        plain = _plain(body)
         with metrics.timed("WorkflowSignal", expected=(kopf.TemporaryError,)):
             try:
-                await handle(state, _plain(body))
+                await handle(state, plain)
             except SignalNotYet as exc:
-                raise kopf.TemporaryError(
-                    str(exc), delay=cfg.TREADLE_OPERATOR_RETRY_SECONDS
-                ) from exc
+                delay = cfg.TREADLE_OPERATOR_RETRY_SECONDS
+                raise kopf.TemporaryError(str(exc), delay=delay) from exc
             except SignalRefused:
-                return  # recorded as Failed (its deadline passed)
-
-    def handled(status: kopf.Status, **_: Any) -> bool:
-        return status.get("phase") in models.SIGNAL_HANDLED_PHASES
-
-    @kopf.timer(group, version, PLURAL, interval=cfg.TREADLE_OPERATOR_TTL_CHECK_SECONDS,
-                when=handled, registry=registry)  # fmt: skip
-    async def signal_ttl(body: kopf.Body, **_: Any) -> None:
-        plain = _plain(body)
-        if expired(plain, datetime.now(UTC), cfg.TREADLE_OPERATOR_SIGNAL_TTL_SECONDS):
-            meta = plain["metadata"]
-            log.info("WorkflowSignal %s handled and its TTL passed", _where(plain))
-            await state.kube.delete(PLURAL, meta["namespace"], meta["name"])
+                pass  # recorded as Failed (its deadline passed)
+        schedule(plain)
