@@ -73,3 +73,10 @@ async def needs_marker(path: str) -> str:
     if not await marker_exists(path):
         raise RuntimeError(f"no marker file at {path}")
     return "found"
+
+
+@app.workflow
+async def signed_approval(order_id: str) -> bool:
+    """A hook created with ``require_signature``: a resume must be signed."""
+    answer = await Approval.wait(token=f"signed:{order_id}", require_signature=True)
+    return bool(answer and answer.approved)

@@ -1,0 +1,99 @@
+"""Pure parts of item 6 (issue 11): the metrics' text exposition, a signal's TTL, its schema.
+
+The behaviour against a real API server is tests/k8s/test_operator_signals.py.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime, timedelta
+
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from treadle_operator import crds, metrics, models, signals
+
+
+def _samples(text: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            out[name] = math.inf if value == "+Inf" else float(value)
+    return out
+
+
+def test_the_exposition_is_prometheus_text_with_help_type_and_escaped_labels() -> None:
+    """Review operator.md §1 row Metrics: counters, gauges and a histogram as Prometheus
+    scrapes them (cumulative buckets, _sum and _count, label values escaped)."""
+    counter = metrics.Counter("t_total", "a counter")
+    gauge = metrics.Gauge("t_gauge", "a gauge")
+    histogram = metrics.Histogram("t_seconds", "a histogram", buckets=(0.1, 1.0))
+    counter.inc(kind='we"ird\\')
+    counter.inc(2, kind='we"ird\\')
+    gauge.set(1, namespace="a", deployment="b")
+    for value in (0.05, 0.5, 5.0):
+        histogram.observe(value, kind="X")
+    text = metrics.exposition((counter, gauge, histogram))
+    lines = text.splitlines()
+    assert lines[:2] == ["# HELP t_total a counter", "# TYPE t_total counter"]
+    assert 't_total{kind="we\\"ird\\\\"} 3' in lines
+    assert "# TYPE t_seconds histogram" in lines
+    samples = _samples(text)
+    assert samples['t_gauge{deployment="b",namespace="a"}'] == 1
+    assert samples['t_seconds_bucket{kind="X",le="0.1"}'] == 1
+    assert samples['t_seconds_bucket{kind="X",le="1.0"}'] == 2
+    assert samples['t_seconds_bucket{kind="X",le="+Inf"}'] == 3
+    assert samples['t_seconds_count{kind="X"}'] == 3
+    assert samples['t_seconds_sum{kind="X"}'] == pytest.approx(5.55)
+    assert text.endswith("\n")
+
+
+def test_timed_counts_errors_but_not_the_expected_ones_and_marks_reconciled() -> None:
+    kind = "UnitTestKind"
+    with metrics.timed(kind, done=("ns", "wfd")):
+        pass
+    with pytest.raises(KeyError), metrics.timed(kind, expected=(KeyError,)):
+        raise KeyError("expected")
+    with pytest.raises(RuntimeError), metrics.timed(kind):
+        raise RuntimeError("boom")
+    assert metrics.RECONCILE_SECONDS.count(kind=kind) == 3
+    assert metrics.RECONCILE_ERRORS.get(kind=kind) == 1
+    assert ("ns", "wfd") in metrics.RECONCILED
+    metrics.forget_deployment("ns", "wfd")
+    assert ("ns", "wfd") not in metrics.RECONCILED
+
+
+def _signal(status: dict[str, object], **spec: object) -> dict[str, object]:
+    return {"metadata": {"name": "s", "namespace": "n", "uid": "u"},
+            "spec": {"action": "Wake", "run": "r", **spec}, "status": status}  # fmt: skip
+
+
+def test_a_signal_lives_its_ttl_from_when_it_was_handled_and_a_pending_one_for_ever() -> None:
+    handled = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
+    stamp = handled.strftime("%Y-%m-%dT%H:%M:%SZ")
+    later = handled + timedelta(seconds=30)
+    done = _signal({"phase": "Done", "handledAt": stamp})
+    assert signals.seconds_left(done, later, 3600) == 3570
+    assert signals.seconds_left(_signal({"phase": "Failed", "handledAt": stamp},
+                                        ttlSecondsAfterHandled=10), later, 3600) == 0  # fmt: skip
+    assert signals.seconds_left(_signal({"phase": "Pending"}), later, 3600) is None
+    assert signals.seconds_left(_signal({}), later, 3600) is None
+
+
+def test_the_signal_crd_is_namespaced_with_short_name_columns_and_the_four_actions() -> None:
+    kind = next(k for k in crds.KINDS if k.kind == "WorkflowSignal")
+    crd = yaml.safe_load(crds.render_plain(kind))
+    assert crd["spec"]["scope"] == "Namespaced"
+    assert crd["spec"]["names"]["shortNames"] == ["wfs"]
+    version = crd["spec"]["versions"][0]
+    spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    assert spec["required"] == ["action"]
+    assert spec["properties"]["action"]["enum"] == ["ResumeHook", "Wake", "Rerun", "Cancel"]
+    payload = spec["properties"]["resumeHook"]["properties"]["payload"]
+    assert payload["x-kubernetes-preserve-unknown-fields"] is True
+    columns = [c["name"] for c in version["additionalPrinterColumns"]]
+    assert columns == ["Action", "Run", "Phase", "Message", "Age"]
+    with pytest.raises(ValidationError):
+        models.WorkflowSignalSpec.model_validate({"action": "Explode"})
