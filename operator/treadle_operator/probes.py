@@ -41,6 +41,7 @@ class Probes:
         self.stopping = False
         self._ready = False
         self._runner: web.AppRunner | None = None
+        metrics.TRACKED_RUNS.read = lambda: float(state.sync.count())
 
     async def start(self) -> None:
         app = web.Application()
@@ -69,7 +70,6 @@ class Probes:
         return web.Response(status=200 if ready else 503, text=why + "\n")
 
     async def metrics(self, _request: web.Request) -> web.Response:
-        metrics.TRACKED_RUNS.read = lambda: float(self.state.sync.count())
         body = metrics.exposition()
         return web.Response(body=body.encode(), headers={"Content-Type": CONTENT_TYPE})
 

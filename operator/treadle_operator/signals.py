@@ -116,11 +116,13 @@ async def handle(state: State, body: dict[str, Any]) -> None:
     except SignalNotYet as exc:
         await _not_yet(state, body, spec, exc)
         raise
-    except (engine_errors.WorldError, OSError) as exc:  # a World write or read failed
-        await _not_yet(
-            state, body, spec, SignalNotYet("WorldError", f"{type(exc).__name__}: {exc}")
-        )
-        raise SignalNotYet("WorldError", str(exc)) from exc
+    except (engine_errors.WorldError, OSError, ApiException) as exc:  # World or API trouble
+        if isinstance(exc, ApiException):
+            trouble = SignalNotYet("KubernetesError", f"Kubernetes API: {exc.status} {exc.reason}")
+        else:
+            trouble = SignalNotYet("WorldError", f"{type(exc).__name__}: {exc}")
+        await _not_yet(state, body, spec, trouble)
+        raise trouble from exc
     await finish(state, body, _status(body), spec.action, True, outcome.reason, outcome.message,
                  outcome.update)  # fmt: skip
 

@@ -12,6 +12,7 @@ the whole module.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -19,6 +20,7 @@ import sys
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +29,7 @@ import pytest
 import yaml
 
 from treadle import hook_signature
+from treadle.worlds.production import PostgresNatsWorld
 
 from ..nats.conftest import NatsServer, nats_server
 from ..postgres.conftest import Clones, pg_clones, pg_server
@@ -41,6 +44,7 @@ from .test_operator import _database, operator_kubeconfig
 __all__ = ["nats_server", "operator_kubeconfig", "pg_clones", "pg_server"]
 
 HOOK_KEY = "day2-hook-key"  # the World Secret's hook-key: the operator signs with it
+DEADLINE = 12  # seconds a signal that cannot be done yet is retried
 
 
 @dataclass
@@ -57,6 +61,7 @@ class ProbedOperator(OperatorProcess):
             "KUBECONFIG": str(self.kubeconfig),
             "TREADLE_OPERATOR_PROBE_PORT": str(self.port),
             "TREADLE_OPERATOR_PROBE_HOST": "127.0.0.1",
+            "TREADLE_OPERATOR_SIGNAL_DEADLINE_SECONDS": str(DEADLINE),
         }
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
@@ -178,9 +183,21 @@ def _waiting(shop: Shop, name: str) -> list[str]:
 
 
 def _event_types(shop: Shop, run_id: str) -> list[str]:
-    done = shop.cli("inspect", run_id, "--json")
-    assert done.returncode == 0, done.stderr
-    return [str(e["type"]) for e in json.loads(done.stdout)["events"]]
+    """The types of the run's events, read from its World (on a loop of its own)."""
+
+    async def read() -> list[str]:
+        world = await PostgresNatsWorld.connect(
+            shop.database_url, shop.nats_url, deployment_id="test-reader"
+        )
+        try:
+            page = await world.events.list(run_id)
+            assert not page.has_more
+            return [logged.type for logged in page.events]
+        finally:
+            await world.close()
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, read()).result()
 
 
 def test_a_signal_resumes_a_waiting_runs_hook_and_the_run_completes_with_the_payload(
@@ -336,8 +353,31 @@ def test_what_cannot_be_done_fails_with_the_reason_and_a_handled_signal_expires(
 ) -> None:
     """Unknown run, a token no hook holds, a payload that is not JSON, a run that ended:
     each signal ends Failed with a one-line reason (and `kubectl wait --for=condition=Failed`
-    sees it); nothing is written to the run. A handled signal goes after its TTL."""
+    sees it); nothing is written to the run. A signal for a run not started yet stays Pending
+    with the reason until its deadline, then fails saying so. A handled signal goes after its
+    TTL."""
     shop = day2
+    # A run that cannot start (its deployment does not exist): the signal waits, Pending
+    # with the reason, retried until its deadline, then Failed saying so.
+    shop.start("stuck", "greet", {"name": "x"}, deployment="no-such-deployment")
+    _signal(shop, "wait-for-stuck", "Cancel", run="stuck")
+    pending = wait_for(
+        lambda: (
+            (
+                s := shop.kube.rest.get(shop.path("workflowsignals", "wait-for-stuck")).get(
+                    "status"
+                )
+                or {}
+            ).get("reason")
+            == "RunNotStarted"
+            and s
+        ),
+        30,
+        what="the signal Pending, waiting for its run",
+    )
+    assert pending["phase"] == "Pending"
+    assert pending["message"] == "WorkflowRun stuck has no run yet"
+
     _signal(shop, "ghost", "Wake", run="no-such-run")
     ghost = _handled(shop, "ghost", "Failed")
     assert ghost["reason"] == "RunNotFound"
@@ -384,6 +424,11 @@ def test_what_cannot_be_done_fails_with_the_reason_and_a_handled_signal_expires(
         what="the handled signal deleted after its TTL",
     )
     assert shop.kube.rest.find(shop.path("workflowsignals", "ghost")) is not None
+
+    gave_up = _handled(shop, "wait-for-stuck", "Failed")
+    assert gave_up["reason"] == "RunNotStarted"
+    assert gave_up["message"] == f"WorkflowRun stuck has no run yet (gave up after {DEADLINE} s)"
+    shop.kube.rest.delete(shop.path("workflowruns", "stuck"))  # it would retry for ever
 
 
 def test_probes_and_metrics_and_a_restarted_operator_never_redoes_a_signal(day2: Shop) -> None:
