@@ -259,13 +259,13 @@ class KeyRef(_Model):
 
 
 class PayloadFrom(_Model):
-    """Where a hook payload is read from (its value parsed as JSON); give one of the two."""
+    """Where a hook payload is read from (its value parsed as JSON)."""
 
     config_map_key_ref: KeyRef | None = None
     secret_key_ref: KeyRef | None = Field(
         default=None,
-        description="the operator may read only the Secret names its RBAC lists "
-        "(the chart's rbac.worldSecretNames)",
+        description="refused: the operator reads only World Secrets, and a payload lands in "
+        "the run's log (docs/operator-day2.md)",
     )
 
 

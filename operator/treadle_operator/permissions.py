@@ -33,8 +33,8 @@ or dropped here first. Why each rule is there:
 - ``treadle.dev`` ``workflowsignals`` (+ ``/status``): get, list, watch to handle
   each signal once; patch for its status and kopf's annotations; delete after
   ``ttlSecondsAfterHandled``. A Rerun creates a WorkflowRun (``create`` above).
-- ``""`` ``configmaps``: get, a ResumeHook's ``payloadFrom.configMapKeyRef``. (A
-  ``secretKeyRef`` payload can only name a Secret of ``rbac.worldSecretNames``.)
+- ``""`` ``configmaps``: get, a ResumeHook's ``payloadFrom.configMapKeyRef`` (a
+  ``secretKeyRef`` is refused: no Secret beyond the World's is readable).
 - ``apiextensions.k8s.io`` ``customresourcedefinitions`` and ``""`` ``namespaces``:
   list, watch, so kopf can discover its resources and serve every namespace
   (cluster scope only).

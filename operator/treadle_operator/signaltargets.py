@@ -9,8 +9,9 @@ on a revision of a WorkflowDeployment in the signal's own namespace, so a
 signal cannot reach another namespace's runs through a shared World.
 
 ``payload`` reads ``spec.resumeHook`` (inline JSON, or ``payloadFrom`` a
-ConfigMap or Secret key). Everything that cannot be done is ``SignalRefused``
-with a one-line reason; what time fixes is ``SignalNotYet``.
+ConfigMap key; a Secret key is refused, see there). Everything that cannot be
+done is ``SignalRefused`` with a one-line reason; what time fixes is
+``SignalNotYet``.
 
 Called by ``treadle_operator.signals``.
 """
@@ -152,35 +153,28 @@ async def _hook_key(state: State, namespace: str, wfd: dict[str, Any]) -> str | 
 
 
 async def payload(state: State, namespace: str, spec: ResumeHookSpec) -> JsonValue:
-    """The hook payload the signal carries, read and parsed."""
+    """The hook payload the signal carries, read and parsed.
+
+    Never from a Secret: the only Secrets the operator may read are World Secrets (RBAC
+    ``resourceNames``), so a ``secretKeyRef`` payload would hand the World's credentials to
+    whoever may create a WorkflowSignal, and a payload is not secret anyway (it is in the
+    run's log, and the run may return it)."""
     source = spec.payload_from
     if source is None:
         return spec.payload
     if spec.payload is not None:
         raise SignalRefused("InvalidSpec", "give spec.resumeHook.payload or payloadFrom, not both")
-    refs = [r for r in (source.config_map_key_ref, source.secret_key_ref) if r is not None]
-    if len(refs) != 1:
+    if source.secret_key_ref is not None:
         raise SignalRefused(
-            "InvalidSpec", "payloadFrom needs exactly one of configMapKeyRef, secretKeyRef"
+            "PayloadForbidden",
+            "spec.resumeHook.payloadFrom.secretKeyRef is refused: the operator reads only "
+            "World Secrets, and a payload lands in the run's log; use configMapKeyRef",
         )
-    if source.config_map_key_ref is not None:
-        text = await _config_map_key(state, namespace, source.config_map_key_ref)
-        where = f"ConfigMap {namespace}/{source.config_map_key_ref.name}"
-        ref = source.config_map_key_ref
-    else:
-        ref = refs[0]
-        where = f"Secret {namespace}/{ref.name}"
-        try:
-            data = await state.kube.secret(namespace, ref.name)
-        except WorldUnavailable:
-            raise SignalRefused(
-                "PayloadForbidden",
-                f"the operator may not read {where}: its RBAC reads only the Secret "
-                "names of the chart's rbac.worldSecretNames (use a ConfigMap, or list it)",
-            ) from None
-        if data is None:
-            raise SignalRefused("PayloadNotFound", f"{where} not found")
-        text = data.get(ref.key)
+    ref = source.config_map_key_ref
+    if ref is None:
+        raise SignalRefused("InvalidSpec", "payloadFrom needs configMapKeyRef")
+    where = f"ConfigMap {namespace}/{ref.name}"
+    text = await _config_map_key(state, namespace, ref)
     if text is None:
         raise SignalRefused("PayloadNotFound", f"{where} has no key {ref.key}")
     try:

@@ -411,6 +411,12 @@ def test_what_cannot_be_done_fails_with_the_reason_and_a_handled_signal_expires(
     garbled = _handled(shop, "garbled", "Failed")
     assert garbled["reason"] == "PayloadInvalid"
     assert garbled["message"].startswith(f"ConfigMap {shop.namespace}/garbled key p is not JSON")
+    # The World Secret is readable by the operator, never through a signal's payload.
+    ref = {"secretKeyRef": {"name": "treadle-world", "key": "database-url"}}
+    _signal(shop, "exfiltrate", "ResumeHook", run="picky", resumeHook={"payloadFrom": ref})
+    exfiltrate = _handled(shop, "exfiltrate", "Failed")
+    assert exfiltrate["reason"] == "PayloadForbidden"
+    assert "payloadFrom.secretKeyRef is refused" in exfiltrate["message"]
     assert shop.status("picky")["waitingOn"] == ["hook approve:picky"], "nothing was delivered"
 
     _run(shop, "quick", "greet", {"name": "q"})
