@@ -1,4 +1,5 @@
-"""Pure parts of item 6 (issue 11): the metrics' text exposition, a signal's TTL, its schema.
+"""Item 6 of issue 11 without a cluster: the metrics' exposition, a signal's TTL and schema,
+the probe server.
 
 The behaviour against a real API server is tests/k8s/test_operator_signals.py.
 """
@@ -6,13 +7,22 @@ The behaviour against a real API server is tests/k8s/test_operator_signals.py.
 from __future__ import annotations
 
 import math
+import socket
 from datetime import UTC, datetime, timedelta
 
+import aiohttp
 import pytest
 import yaml
+from kubernetes_asyncio import client
 from pydantic import ValidationError
 
 from treadle_operator import crds, metrics, models, signals
+from treadle_operator.kube import Kube
+from treadle_operator.probes import Probes
+from treadle_operator.settings import OperatorSettings
+from treadle_operator.state import State
+from treadle_operator.sync import StatusSync
+from treadle_operator.worlds import Worlds
 
 
 def _samples(text: str) -> dict[str, float]:
@@ -97,3 +107,46 @@ def test_the_signal_crd_is_namespaced_with_short_name_columns_and_the_four_actio
     assert columns == ["Action", "Run", "Phase", "Message", "Age"]
     with pytest.raises(ValidationError):
         models.WorkflowSignalSpec.model_validate({"action": "Explode"})
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+async def _get(port: int, path: str) -> tuple[int, str, str]:
+    url = f"http://127.0.0.1:{port}{path}"
+    async with aiohttp.ClientSession() as session, session.get(url) as response:
+        return response.status, response.headers["Content-Type"], await response.text()
+
+
+async def test_the_probe_server_is_live_at_once_and_ready_only_once_kopf_and_the_api_are() -> None:
+    """Review R13 (no liveness probe): /healthz answers while the loop runs; /readyz is 503
+    with the reason while kopf starts, and while the API server cannot list the
+    WorkflowDeployments (here: nothing listens there); /metrics is the text format."""
+    configuration = client.Configuration(host=f"http://127.0.0.1:{_free_port()}")
+    api = client.ApiClient(configuration)
+    kube = Kube(api)
+    state = State(settings=OperatorSettings(), kube=kube, worlds=Worlds(kube),
+                  sync=StatusSync(kube), namespaces=("ns",))  # fmt: skip
+    port = _free_port()
+    probes = Probes(state, "127.0.0.1", port)
+    await probes.start()
+    try:
+        assert await _get(port, "/healthz") == (200, "text/plain; charset=utf-8", "ok\n")
+        status, _, text = await _get(port, "/readyz")
+        assert (status, text) == (503, "kopf is starting\n")
+        probes.kopf_ready.set()
+        status, _, text = await _get(port, "/readyz")
+        assert status == 503 and text.startswith("cannot list WorkflowDeployments: ")
+        status, kind, text = await _get(port, "/metrics")
+        assert status == 200 and kind.startswith("text/plain; version=0.0.4")
+        assert "treadle_operator_tracked_runs 0\n" in text
+        await probes.stop()
+        probes = Probes(state, "127.0.0.1", port)  # stopped: the port is free again
+        await probes.start()
+    finally:
+        await probes.stop()
+        await kube.close()
