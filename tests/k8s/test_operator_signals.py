@@ -36,7 +36,7 @@ from ..postgres.conftest import Clones, pg_clones, pg_server
 from ..postgres.pgserver import Server as PgServer
 from .conftest import POD_ENV
 from .harness import Kube, wait_for
-from .kubectl import kubectl
+from .kubectl import kubectl, kubectl_120
 from .operator_env import FAST, OperatorProcess, Shop
 from .processes import free_port
 from .test_operator import _database, operator_kubeconfig
@@ -510,3 +510,50 @@ def test_probes_and_metrics_and_a_restarted_operator_never_redoes_a_signal(day2:
     assert _event_types(shop, slept_run).count("wake_requested") == 1
     assert shop.run("broken-rerun-2") is None
     assert scrape().get('treadle_operator_signals_total{action="Wake",phase="Done"}') is None
+
+
+def test_the_kubectl_treadle_plugin_signals_and_reports_the_outcome(
+    day2: Shop, tmp_path: Path
+) -> None:
+    """`kubectl treadle resume|wake ...` (kubectl 1.20 finds kubectl-treadle on PATH):
+    it creates the signal, waits, prints the outcome; exit 0 when Done, 1 when Failed (the
+    reason on stderr), 2 for an argument it cannot use (nothing created)."""
+    shop = day2
+    shim = tmp_path / "bin"
+    shim.mkdir()
+    (shim / "kubectl").symlink_to(kubectl_120())
+    plugin = shim / "kubectl-treadle"
+    plugin.write_text(f'#!/bin/sh\nexec {sys.executable} -m treadle_operator.plugin "$@"\n')
+    plugin.chmod(0o755)
+    env = {
+        **os.environ,
+        **POD_ENV,
+        "PATH": f"{shim}{os.pathsep}{os.environ['PATH']}",
+        "KUBECONFIG": str(shop.kube.kubeconfig),
+    }
+
+    def treadle(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["kubectl", "treadle", *argv, "-n", shop.namespace],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=90,
+        )
+
+    _run(shop, "order-3", "approval", {"order_id": "o-3"})
+    _waiting(shop, "order-3")
+    resumed = treadle("resume", "order-3", "--payload", '{"approved": true}')
+    assert resumed.returncode == 0, resumed.stderr
+    made, outcome = resumed.stdout.splitlines()
+    assert made.startswith("workflowsignal.treadle.dev/order-3-resume-")
+    assert outcome.startswith("Done: HookResumed: hook 'approve:o-3' of run ")
+    assert json.loads(shop.phase("order-3", "Completed")["output"])["approved"] is True
+
+    missing = treadle("wake", "no-such-run")
+    assert missing.returncode == 1
+    assert missing.stderr.strip() == (
+        f"Failed: RunNotFound: WorkflowRun {shop.namespace}/no-such-run not found"
+    )
+    bad = treadle("resume", "order-3", "--payload", "{nope")
+    assert bad.returncode == 2 and bad.stderr.startswith("kubectl treadle: --payload: not JSON")

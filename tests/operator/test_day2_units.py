@@ -16,7 +16,7 @@ import yaml
 from kubernetes_asyncio import client
 from pydantic import ValidationError
 
-from treadle_operator import crds, metrics, models, signals
+from treadle_operator import crds, metrics, models, plugin, signals
 from treadle_operator.kube import Kube
 from treadle_operator.probes import Probes
 from treadle_operator.settings import OperatorSettings
@@ -150,3 +150,36 @@ async def test_the_probe_server_is_live_at_once_and_ready_only_once_kopf_and_the
     finally:
         await probes.stop()
         await kube.close()
+
+
+@pytest.mark.parametrize(
+    ("argv", "spec"),
+    [
+        (["resume", "r", "--token", "t", "--payload", '{"a": 1}'],
+         {"run": "r", "action": "ResumeHook", "resumeHook": {"token": "t", "payload": {"a": 1}}}),
+        (["resume", "r", "--payload-from-configmap", "cm:k"],
+         {"run": "r", "action": "ResumeHook",
+          "resumeHook": {"payloadFrom": {"configMapKeyRef": {"name": "cm", "key": "k"}}}}),
+        (["wake", "r", "--wait", "w1", "--wait", "w2"],
+         {"run": "r", "action": "Wake", "wake": {"waits": ["w1", "w2"]}}),
+        (["rerun", "r", "--input", "[1]"],
+         {"run": "r", "action": "Rerun", "rerun": {"input": [1]}}),
+        (["cancel", "r"], {"run": "r", "action": "Cancel", "cancel": {}}),
+    ],
+    ids=["resume", "resume-configmap", "wake", "rerun", "cancel"],
+)  # fmt: skip
+def test_the_kubectl_plugin_writes_the_signal_the_arguments_ask_for(
+    argv: list[str], spec: dict[str, object]
+) -> None:
+    made = plugin.signal(plugin.parser().parse_args(argv))
+    assert made["kind"] == "WorkflowSignal"
+    assert made["metadata"] == {"generateName": f"r-{argv[0]}-"}
+    assert made["spec"] == spec
+    models.WorkflowSignalSpec.model_validate(made["spec"])  # the CRD's model takes it
+
+
+def test_the_kubectl_plugin_refuses_what_it_cannot_use() -> None:
+    with pytest.raises(plugin.PluginError, match="--payload-from-configmap: give NAME:KEY"):
+        plugin.signal(plugin.parser().parse_args(["resume", "r", "--payload-from-configmap", "x"]))
+    with pytest.raises(plugin.PluginError, match="--input: not JSON"):
+        plugin.signal(plugin.parser().parse_args(["rerun", "r", "--input", "{"]))
