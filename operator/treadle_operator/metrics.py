@@ -14,7 +14,8 @@ Who records what:
   (``timed``: ``RECONCILE_SECONDS``, and ``RECONCILE_ERRORS`` for one that raised);
 - ``deployments.reconcile`` records whether each WorkflowDeployment's World was
   reachable (``WORLD_REACHABLE``, 1 or 0), which ``probes`` also reads for readiness;
-- ``signals`` counts WorkflowSignals handled (``SIGNALS``, by action and phase);
+- ``signals`` counts WorkflowSignals handled (``SIGNALS``, by action and phase) and
+  those seen again already handled (``SIGNALS_ALREADY_HANDLED``);
 - ``TRACKED_RUNS`` is read at scrape time from the status sync.
 """
 
@@ -141,6 +142,10 @@ WORLD_REACHABLE = Gauge(
     "1 when the last reconcile of a WorkflowDeployment reached its World, else 0.",
 )
 SIGNALS = Counter("treadle_operator_signals_total", "WorkflowSignals handled, by action and phase.")
+SIGNALS_ALREADY_HANDLED = Counter(
+    "treadle_operator_signals_already_handled_total",
+    "WorkflowSignals seen again (operator start, re-list) that were handled: not done again.",
+)
 
 ALL: tuple[Metric, ...] = (
     RUNS_STARTED,
@@ -150,6 +155,7 @@ ALL: tuple[Metric, ...] = (
     RECONCILE_ERRORS,
     WORLD_REACHABLE,
     SIGNALS,
+    SIGNALS_ALREADY_HANDLED,
 )
 
 

@@ -100,6 +100,7 @@ async def handle(state: State, body: dict[str, Any]) -> None:
     """Do what the signal asks, once; ``SignalNotYet`` when it must be retried."""
     status = _status(body)
     if status.phase in models.SIGNAL_HANDLED_PHASES:
+        metrics.SIGNALS_ALREADY_HANDLED.inc()
         return
     try:
         spec = WorkflowSignalSpec.model_validate(body.get("spec") or {})
