@@ -496,7 +496,7 @@ def test_probes_and_metrics_and_a_restarted_operator_never_redoes_a_signal(day2:
     assert _event_types(shop, slept_run).count("wake_requested") == 1
     listed = shop.kube.rest.get(shop.path("workflowsignals"))["items"]
     handled = [s for s in listed if (s.get("status") or {}).get("phase") in ("Done", "Failed")]
-    assert len(handled) == len(listed) >= 10
+    assert len(handled) == len(listed) >= 2  # this test's, and any earlier test's
     operator.kill()
     operator.start()
     readiness = []
