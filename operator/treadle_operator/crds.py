@@ -3,7 +3,7 @@
 Kubernetes wants *structural* schemas: every ``$ref`` inlined, ``Optional`` as
 ``nullable: true``, a type on every field except free-form ones, which carry
 ``x-kubernetes-preserve-unknown-fields``. ``structural`` makes that from a
-pydantic JSON schema; ``manifests`` builds both CRDs; ``write`` renders them,
+pydantic JSON schema; ``manifest`` builds each CRD; ``write`` renders them,
 deterministically and under a DO-NOT-EDIT header, into ``crds/`` and into the
 Helm chart (wrapped in the chart's ``crds.install`` / ``crds.keep`` switches).
 """
@@ -58,6 +58,19 @@ KINDS = (
             ("Steps", "string", ".status.stepsSummary"),
             ("Started", "date", ".status.startedAt"),
             ("Duration", "string", ".status.duration"),
+            ("Message", "string", ".status.message"),
+            ("Age", "date", ".metadata.creationTimestamp"),
+        ),
+    ),
+    Kind(
+        kind="WorkflowSignal",
+        plural="workflowsignals",
+        short_name="wfs",
+        model=models.WorkflowSignal,
+        columns=(
+            ("Action", "string", ".spec.action"),
+            ("Run", "string", ".spec.run"),
+            ("Phase", "string", ".status.phase"),
             ("Message", "string", ".status.message"),
             ("Age", "date", ".metadata.creationTimestamp"),
         ),

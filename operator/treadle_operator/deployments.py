@@ -22,6 +22,7 @@ from treadle.world.records import RunStatus
 from treadle_operator import (
     kube,
     manifests,
+    metrics,
     models,
     pinned,
     podsecurity,
@@ -139,9 +140,11 @@ async def reconcile(state: State, body: dict[str, Any]) -> None:
             ],
         ) + [c for c in status.conditions if c.type in ("SpecAccepted", "WorkersHealthy")]
         await _record(state, body, status, status.model_copy(update={"conditions": conditions}))
+        metrics.world_reachable(namespace, name, False)
         log.warning("WorkflowDeployment %s/%s: %s", namespace, name, exc)
         return
 
+    metrics.world_reachable(namespace, name, True)
     observed = {
         r.id: await _observe(state, namespace, world, r)
         for r in status.revisions

@@ -11,8 +11,10 @@
     ├── NotConfigured             no cluster: not in a Pod and no usable kubeconfig
     ├── DeploymentRefused         the API server refused a worker Deployment (its template)
     ├── LeadershipLost            the Lease was not renewed in time: the operator stopped
-    └── WebhookUnavailable        the admission webhook's certificate Secret or
-                                  configuration cannot be used (RBAC, conflicts)
+    ├── WebhookUnavailable        the admission webhook's certificate Secret or
+    │                             configuration cannot be used (RBAC, conflicts)
+    ├── SignalRefused             a WorkflowSignal cannot be done (its status says why)
+    └── SignalNotYet              a WorkflowSignal cannot be done yet (retried)
 
 Engine errors (``treadle.errors``) pass through unchanged; a run the World
 refuses to start is a ``treadle.errors.WorldError``.
@@ -59,3 +61,21 @@ class LeadershipLost(OperatorError):
 
 class WebhookUnavailable(OperatorError):
     """The admission webhook cannot be served: its Secret or configuration is unusable."""
+
+
+class SignalRefused(OperatorError):
+    """A WorkflowSignal that cannot be done: unknown run, hook not found, bad payload.
+    ``reason`` is a word for ``status.reason``; the message is ``status.message``."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class SignalNotYet(OperatorError):
+    """A WorkflowSignal that time may make possible (the World unreachable, the run not
+    started yet): retried until the signal deadline."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason

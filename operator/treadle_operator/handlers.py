@@ -18,7 +18,7 @@ from typing import Any
 
 import kopf
 
-from treadle_operator import deployments, models, runs
+from treadle_operator import deployments, metrics, models, runs, signals
 from treadle_operator.state import State
 
 log = logging.getLogger("treadle.operator.handlers")
@@ -78,7 +78,9 @@ def build_registry(state: State) -> kopf.OperatorRegistry:
                 WFD, plain["metadata"]["namespace"], plain["metadata"]["name"]
             )
             if fresh is not None:
-                await deployments.reconcile(state, fresh)
+                where = (plain["metadata"]["namespace"], plain["metadata"]["name"])
+                with metrics.timed("WorkflowDeployment", done=where):
+                    await deployments.reconcile(state, fresh)
 
     @kopf.on.create(G, V, WFD, registry=registry)
     @kopf.on.update(G, V, WFD, field="spec", registry=registry)
@@ -90,6 +92,7 @@ def build_registry(state: State) -> kopf.OperatorRegistry:
     async def deployment_deleted(body: kopf.Body, **_: Any) -> None:
         """Its worker Deployments go with it (owner references); the World forgets it too."""
         await deployments.retire_all(state, _plain(body))
+        metrics.forget_deployment(body["metadata"]["namespace"], body["metadata"]["name"])
 
     @kopf.timer(G, V, WFD, interval=cfg.TREADLE_OPERATOR_RECONCILE_SECONDS, registry=registry)
     async def deployment_tick(body: kopf.Body, **_: Any) -> None:
@@ -101,7 +104,8 @@ def build_registry(state: State) -> kopf.OperatorRegistry:
     async def run_created(body: kopf.Body, **_: Any) -> None:
         plain = _plain(body)
         try:
-            await runs.start(state, plain)
+            with metrics.timed("WorkflowRun", expected=(runs.NotYet,)):
+                await runs.start(state, plain)
         except runs.NotYet as exc:
             await runs.waiting(state, plain, exc)
             raise kopf.TemporaryError(str(exc), delay=cfg.TREADLE_OPERATOR_RETRY_SECONDS) from exc
@@ -166,4 +170,5 @@ def build_registry(state: State) -> kopf.OperatorRegistry:
             )
             await state.kube.delete(WFR, meta["namespace"], meta["name"])
 
+    signals.register(registry, state)  # WorkflowSignal: docs/operator-day2.md
     return registry

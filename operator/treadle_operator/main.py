@@ -11,6 +11,7 @@ import kopf
 
 from treadle_operator import handlers, kube, leader, runs, webhook, worldhosts
 from treadle_operator.errors import LeadershipLost
+from treadle_operator.probes import Probes
 from treadle_operator.settings import OperatorSettings
 from treadle_operator.state import State
 from treadle_operator.sync import StatusSync
@@ -47,6 +48,18 @@ async def run(namespaces: Sequence[str] = ()) -> None:
     elector = _elector(client, settings)
     # The admission webhook answers on every replica, before kopf (and any leadership).
     admission_server = await webhook.serve(state)
+    probes = None
+    if settings.TREADLE_OPERATOR_PROBE_PORT:
+        # A standby is ready: it serves the webhook and takes over when the leader goes, and
+        # a RollingUpdate (the new pod a standby first) must not wait for it to lead.
+        standby = (lambda: not elector.leading) if elector is not None else None
+        probes = Probes(
+            state,
+            settings.TREADLE_OPERATOR_PROBE_HOST,
+            settings.TREADLE_OPERATOR_PROBE_PORT,
+            standby=standby,
+        )
+        await probes.start()
     try:
         if elector is not None:
             await elector.acquire()
@@ -54,12 +67,14 @@ async def run(namespaces: Sequence[str] = ()) -> None:
             "treadle operator serving %s",
             ", ".join(namespaces) if namespaces else "every namespace",
         )
-        await _serve(registry, namespaces, elector)
+        await _serve(registry, namespaces, elector, probes.kopf_ready if probes else None)
     finally:
         if elector is not None:
             await elector.release()
         if admission_server is not None:
             await admission_server.stop()
+        if probes is not None:
+            await probes.stop()
         await sync.close()
         await worlds.close()
         await client.close()
@@ -90,6 +105,7 @@ async def _serve(
     registry: kopf.OperatorRegistry,
     namespaces: Sequence[str],
     elector: leader.LeaderElector | None,
+    ready_flag: asyncio.Event | None,
 ) -> None:
     """kopf until it stops (a signal), or until the Lease is lost (then it is stopped)."""
     stop = asyncio.Event()
@@ -100,6 +116,7 @@ async def _serve(
             clusterwide=not namespaces,
             namespaces=list(namespaces),
             stop_flag=stop,
+            ready_flag=ready_flag,
         )
     )
     if elector is None:

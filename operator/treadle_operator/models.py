@@ -264,7 +264,8 @@ class WorkflowDeployment(_Model):
 
 
 class KeyRef(_Model):
-    """One key of a ConfigMap or Secret in the WorkflowRun's namespace."""
+    """One key of a ConfigMap or Secret in the object's namespace (a WorkflowRun's input,
+    a WorkflowSignal's hook payload)."""
 
     name: str = Field(min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
     key: str = Field(min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$")
@@ -367,6 +368,116 @@ class WorkflowRun(_Model):
 
     spec: WorkflowRunSpec
     status: WorkflowRunStatus | None = None
+
+
+# -- WorkflowSignal (treadle_operator.signals; docs/operator-day2.md) ----------------
+
+
+SignalAction = Literal["ResumeHook", "Wake", "Rerun", "Cancel"]
+SignalPhase = Literal["Pending", "Done", "Failed"]
+SIGNAL_HANDLED_PHASES: frozenset[str] = frozenset({"Done", "Failed"})
+
+
+class PayloadFrom(_Model):
+    """Where a hook payload is read from (its value parsed as JSON)."""
+
+    config_map_key_ref: KeyRef | None = None
+    secret_key_ref: KeyRef | None = Field(
+        default=None,
+        description="refused: the operator reads only World Secrets, and a payload lands in "
+        "the run's log (docs/operator-day2.md)",
+    )
+
+
+class ResumeHookSpec(_Model):
+    token: str | None = Field(
+        default=None,
+        min_length=1,
+        description="the hook's token as the workflow gave it (TREADLE_HOOK_TOKEN_NAMESPACE "
+        "of the deployment's env is applied)",
+    )
+    hook: str | None = Field(
+        default=None,
+        min_length=1,
+        description="or the hook's correlation id in the run's log; with neither, the run's "
+        "only open hook",
+    )
+    payload: JsonValue = Field(default=None, description="the payload, any JSON")
+    payload_from: PayloadFrom | None = Field(
+        default=None, description="or read the payload (JSON) from a ConfigMap or Secret key"
+    )
+    signature: str | None = Field(
+        default=None,
+        description="hook_signature(token, key) for a hook created with "
+        "require_signature; without it the operator signs with the World Secret's hook-key",
+    )
+
+
+class WakeSpec(_Model):
+    waits: list[str] | None = Field(
+        default=None, description="the sleeps' correlation ids to end; default every open one"
+    )
+
+
+class RerunSpec(_Model):
+    name: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=253,
+        description="the new WorkflowRun's name (default <run>-rerun-<n>)",
+    )
+    input: JsonValue = Field(
+        default=None, description="replaces the run's input when given (default: the same)"
+    )
+
+
+class CancelSpec(_Model):
+    reason: str | None = Field(default=None, max_length=1024)
+
+
+class WorkflowSignalSpec(_Model):
+    action: SignalAction = Field(description="what to do to the run, once")
+    run: str | None = Field(
+        default=None, min_length=1, description="the WorkflowRun (of this namespace) to act on"
+    )
+    run_id: str | None = Field(
+        default=None, min_length=1, description="or a run id, with spec.deployment"
+    )
+    deployment: str | None = Field(
+        default=None,
+        min_length=1,
+        description="the WorkflowDeployment whose World holds spec.runId (or the hook token)",
+    )
+    resume_hook: ResumeHookSpec | None = None
+    wake: WakeSpec | None = None
+    rerun: RerunSpec | None = None
+    cancel: CancelSpec | None = None
+    ttl_seconds_after_handled: int | None = Field(
+        default=None,
+        ge=0,
+        description="delete this object that long after it was handled "
+        "(default TREADLE_OPERATOR_SIGNAL_TTL_SECONDS, one hour)",
+    )
+
+
+class WorkflowSignalStatus(_Model):
+    phase: SignalPhase = "Pending"
+    reason: str = Field(default="", description="why, in a word")
+    message: str = Field(default="", description="what was done, or why not")
+    handled_at: str | None = None
+    run_id: str | None = Field(default=None, description="the run acted on")
+    hook_id: str | None = Field(default=None, description="ResumeHook: the hook resumed")
+    hook_token: str | None = Field(default=None, description="ResumeHook: its stored token")
+    created_run: str | None = Field(default=None, description="Rerun: the new WorkflowRun")
+    observed_generation: int | None = None
+    conditions: list[Condition] = []
+
+
+class WorkflowSignal(_Model):
+    """Schema root: ``spec`` and ``status``."""
+
+    spec: WorkflowSignalSpec
+    status: WorkflowSignalStatus | None = None
 
 
 def parse_status(model: type[_ModelT], raw: Any) -> _ModelT:

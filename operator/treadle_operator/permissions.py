@@ -35,6 +35,11 @@ or dropped here first. Why each rule is there:
   clusters that enable the admission plugin) asks of whoever creates an object whose
   ownerReference sets ``blockOwnerDeletion`` (the worker Deployments, owned by their
   WorkflowDeployment). Any kind the operator makes owners of needs the same.
+- ``treadle.dev`` ``workflowsignals`` (+ ``/status``): get, list, watch to handle
+  each signal once; patch for its status and kopf's annotations; delete after
+  ``ttlSecondsAfterHandled``. A Rerun creates a WorkflowRun (``create`` above).
+- ``""`` ``configmaps``: get (the rule below) is also what a ResumeHook's
+  ``payloadFrom.configMapKeyRef`` reads (a ``secretKeyRef`` payload is refused).
 - ``apiextensions.k8s.io`` ``customresourcedefinitions`` and ``""`` ``namespaces``:
   list, watch, so kopf can discover its resources and serve every namespace
   (cluster scope only).
@@ -110,6 +115,17 @@ NAMESPACED_RULES: tuple[PolicyRule, ...] = (
         verbs=("update",),
     ),
     PolicyRule(api_groups=("",), resources=("configmaps",), verbs=("get",)),
+    # WorkflowSignal (signals.py): handled once, status written, deleted after its TTL.
+    PolicyRule(
+        api_groups=("treadle.dev",),
+        resources=("workflowsignals",),
+        verbs=("get", "list", "watch", "patch", "delete"),
+    ),
+    PolicyRule(
+        api_groups=("treadle.dev",),
+        resources=("workflowsignals/status",),
+        verbs=("get", "patch"),
+    ),
 )
 CLUSTER_ONLY_RULES: tuple[PolicyRule, ...] = (
     PolicyRule(

@@ -37,7 +37,7 @@ from treadle.client import start_run
 from treadle.sdk import catalogue, functions
 from treadle.world import contract, events
 from treadle.world.records import RunRecord
-from treadle_operator import admission, binding, inputs, models, runstatus
+from treadle_operator import admission, binding, inputs, metrics, models, runstatus
 from treadle_operator.conditions import condition, merge_conditions
 from treadle_operator.errors import WorldUnavailable
 from treadle_operator.models import WorkflowDeploymentSpec, WorkflowRunSpec, WorkflowRunStatus
@@ -223,6 +223,7 @@ async def start(state: State, body: dict[str, Any]) -> None:
     if not await claim(state, body, chosen):
         return  # another operator claimed the object first: it is followed
     chosen = await _record_on_latest(state, world, body, spec, chosen)
+    metrics.RUNS_STARTED.inc(namespace=namespace)
     await state.kube.event(body, "Started", f"run {run_id} started on revision {chosen.revision}")
     state.sync.track(run_id, world, body, chosen, payloads.active())
 

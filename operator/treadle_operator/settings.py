@@ -51,6 +51,27 @@ class OperatorSettings(BaseSettings):
     TREADLE_OPERATOR_LEASE_DURATION_SECONDS: float = Field(default=15.0, gt=0, le=3600)
     TREADLE_OPERATOR_RENEW_DEADLINE_SECONDS: float = Field(default=10.0, gt=0, le=3600)
     TREADLE_OPERATOR_RETRY_PERIOD_SECONDS: float = Field(default=2.0, gt=0, le=3600)
+    TREADLE_OPERATOR_SIGNAL_TTL_SECONDS: int = Field(
+        default=3600,
+        ge=0,
+        description="how long a handled WorkflowSignal is kept (its spec.ttlSecondsAfterHandled "
+        "wins)",
+    )
+    TREADLE_OPERATOR_SIGNAL_DEADLINE_SECONDS: float = Field(
+        default=600.0,
+        gt=0,
+        description="how long a WorkflowSignal that cannot be handled yet (World unreachable, "
+        "run not started) is retried before it is Failed",
+    )
+    TREADLE_OPERATOR_PROBE_PORT: int = Field(
+        default=0,
+        ge=0,
+        le=65535,
+        description="the port of /healthz, /readyz and /metrics (the chart sets 8080); 0: none",
+    )
+    TREADLE_OPERATOR_PROBE_HOST: str = Field(
+        default="0.0.0.0", description="the address the probe and metrics server binds"
+    )
     TREADLE_LOG_LEVEL: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     # The validating admission webhook (treadle_operator.webhook, docs/operator-admission.md).
     TREADLE_OPERATOR_WEBHOOK: bool = Field(

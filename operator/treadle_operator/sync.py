@@ -40,7 +40,7 @@ from typing import Any, Protocol
 from treadle import errors as engine_errors
 from treadle import payloads
 from treadle.world import contract, events
-from treadle_operator import debounce, models, runstatus
+from treadle_operator import debounce, metrics, models, runstatus
 from treadle_operator.models import WorkflowRunStatus
 from treadle_operator.progress import RunView, status_of
 
@@ -162,6 +162,10 @@ class StatusSync:
 
     def tracked(self, run_id: str) -> Tracked | None:
         return self._runs.get(run_id)
+
+    def count(self) -> int:
+        """How many runs are tracked (the ``treadle_operator_tracked_runs`` gauge)."""
+        return len(self._runs)
 
     def poke(self, run_id: str) -> None:
         self._dirty.add(run_id)
@@ -329,6 +333,8 @@ class StatusSync:
             meta = tracked.body.setdefault("metadata", {})
             merged = {**(meta.get("labels") or {}), **labels}
             meta["labels"] = {k: v for k, v in merged.items() if v is not None}
+        if status.phase != before and status.phase in models.FINISHED_PHASES:
+            metrics.RUNS_FINISHED.inc(namespace=tracked.namespace, phase=status.phase)
         # A mirrored run (started from code) gets an Event only when it fails (R5 (e)).
         if status.phase != before and (not status.mirrored or status.phase == "Failed"):
             message = f"run {run_id} is {status.phase.lower()}"

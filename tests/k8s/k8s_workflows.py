@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 
-from treadle import Hook, Workflows
+from treadle import Hook, Workflows, sleep
 
 app = Workflows()
 
@@ -53,3 +53,30 @@ async def fanout(count: int) -> int:
     """``count`` hooks open at once (``fanout:<i>``): a long ``waitingOn``."""
     answers = await asyncio.gather(*(Approval.wait(token=f"fanout:{i}") for i in range(count)))
     return sum(1 for a in answers if a and a.approved)
+
+
+@app.workflow
+async def snooze(seconds: float) -> str:
+    """One long durable sleep: a WorkflowSignal ``Wake`` cuts it short."""
+    await sleep(seconds)
+    return "awake"
+
+
+@app.step(max_retries=0)
+async def marker_exists(path: str) -> bool:
+    return os.path.exists(path)
+
+
+@app.workflow
+async def needs_marker(path: str) -> str:
+    """Fails while the file ``path`` does not exist: a ``Rerun`` once it does succeeds."""
+    if not await marker_exists(path):
+        raise RuntimeError(f"no marker file at {path}")
+    return "found"
+
+
+@app.workflow
+async def signed_approval(order_id: str) -> bool:
+    """A hook created with ``require_signature``: a resume must be signed."""
+    answer = await Approval.wait(token=f"signed:{order_id}", require_signature=True)
+    return bool(answer and answer.approved)
