@@ -3,7 +3,7 @@
 Kubernetes wants *structural* schemas: every ``$ref`` inlined, ``Optional`` as
 ``nullable: true``, a type on every field except free-form ones, which carry
 ``x-kubernetes-preserve-unknown-fields``. ``structural`` makes that from a
-pydantic JSON schema; ``manifests`` builds both CRDs; ``write`` renders them,
+pydantic JSON schema; ``manifests`` builds each CRD; ``write`` renders them,
 deterministically and under a DO-NOT-EDIT header, into ``crds/`` and into the
 Helm chart (wrapped in the chart's ``crds.install`` / ``crds.keep`` switches).
 """
@@ -59,6 +59,19 @@ KINDS = (
             ("Started", "date", ".status.startedAt"),
             ("Duration", "string", ".status.duration"),
             ("Message", "string", ".status.message"),
+            ("Age", "date", ".metadata.creationTimestamp"),
+        ),
+    ),
+    Kind(
+        kind="WorkflowSchedule",
+        plural="workflowschedules",
+        short_name="wfsched",
+        model=models.WorkflowSchedule,
+        columns=(  # CronJob's
+            ("Schedule", "string", ".spec.schedule"),
+            ("Suspend", "boolean", ".spec.suspend"),
+            ("Active", "integer", ".status.activeCount"),
+            ("Last Schedule", "date", ".status.lastScheduleTime"),
             ("Age", "date", ".metadata.creationTimestamp"),
         ),
     ),

@@ -7,7 +7,8 @@
     │   ├── WorldSecretMissing    its Secret, or a key in it, does not exist (retried)
     │   ├── WorldSecretForbidden  RBAC does not let the operator read that Secret
     │   └── WorldHostRefused      a URL's host is not in TREADLE_OPERATOR_WORLD_HOSTS
-    └── NotConfigured             no cluster: not in a Pod and no usable kubeconfig
+    ├── NotConfigured             no cluster: not in a Pod and no usable kubeconfig
+    └── InvalidSchedule           a WorkflowSchedule's schedule or time zone (names the field)
 
 Engine errors (``treadle.errors``) pass through unchanged; a run the World
 refuses to start is a ``treadle.errors.WorldError``.
@@ -38,3 +39,14 @@ class WorldHostRefused(WorldUnavailable):
 
 class NotConfigured(OperatorError):
     """Not in a Pod, and no usable kubeconfig: there is no cluster to serve."""
+
+
+class InvalidSchedule(OperatorError):
+    """A WorkflowSchedule's ``spec.schedule`` or ``spec.timeZone`` cannot be used.
+
+    ``field`` is the spec field at fault; the message names it and says why.
+    """
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field

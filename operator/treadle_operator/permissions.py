@@ -30,6 +30,9 @@ or dropped here first. Why each rule is there:
   WorkflowDeployment names (``spec.world.secretName`` must be one of the names).
 - ``""`` ``events``: create, patch, Kubernetes Events for phase changes (kopf posts
   its own too).
+- ``treadle.dev`` ``workflowschedules``: get, list, watch to time their firings (the
+  WorkflowRuns they fire are created, listed, patched for ``spec.cancel`` and pruned
+  under the ``workflowruns`` rule); ``workflowschedules/status``: get, patch.
 - ``apiextensions.k8s.io`` ``customresourcedefinitions`` and ``""`` ``namespaces``:
   list, watch, so kopf can discover its resources and serve every namespace
   (cluster scope only).
@@ -84,6 +87,16 @@ NAMESPACED_RULES: tuple[PolicyRule, ...] = (
     ),
     PolicyRule(api_groups=("",), resources=("pods",), verbs=("get", "list", "watch")),
     PolicyRule(api_groups=("",), resources=("events",), verbs=("create", "patch")),
+    PolicyRule(
+        api_groups=("treadle.dev",),
+        resources=("workflowschedules",),
+        verbs=("get", "list", "watch"),
+    ),
+    PolicyRule(
+        api_groups=("treadle.dev",),
+        resources=("workflowschedules/status",),
+        verbs=("get", "patch"),
+    ),
 )
 CLUSTER_ONLY_RULES: tuple[PolicyRule, ...] = (
     PolicyRule(
