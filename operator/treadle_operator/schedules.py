@@ -154,6 +154,8 @@ def plan(
             fire = latest
         if fire is not None and count <= MANY_MISSED:
             missed = count - 1
+    if spec.suspend and fire is None:
+        skipped = "Suspended"  # with or without a time passed over
     replace: tuple[str, ...] = ()
     if fire is not None and fire not in made and spec.concurrency_policy == "Replace":
         replace = tuple(r.name for r in active if not r.cancel_requested)

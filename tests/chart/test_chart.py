@@ -23,7 +23,9 @@ from . import render
 CHART = Path(__file__).resolve().parents[2] / "charts" / "treadle"
 CRD_TEMPLATES = CHART / "templates" / "crds"
 CRD_NAMES = {
-    "workflowdeployments.treadle.dev", "workflowruns.treadle.dev", "workflowschedules.treadle.dev"
+    "workflowdeployments.treadle.dev",
+    "workflowruns.treadle.dev",
+    "workflowschedules.treadle.dev",
 }
 WORLD = {"create": True, "databaseUrl": "postgresql://u:p@db:5432/t", "natsUrl": "nats://n:4222"}
 

@@ -249,6 +249,8 @@ def test_suspend_fires_nothing_has_no_next_time_and_resuming_fires_the_latest() 
     }  # fmt: skip
     held = schedules.plan(spec(suspend=True), c, **kw)
     assert (held.fire, held.skipped, held.next_time, held.missed) == (None, "Suspended", None, 2)
+    quiet = schedules.plan(spec(suspend=True), c, **{**kw, "now": utc(2026, 1, 1, 10, 4)})
+    assert (quiet.skipped, quiet.skipped_time, quiet.missed) == ("Suspended", None, 0)
     resumed = schedules.plan(spec(), c, **kw)
     assert (resumed.fire, resumed.missed) == (utc(2026, 1, 1, 10, 10), 1)
 
