@@ -40,6 +40,7 @@ log = logging.getLogger("treadle.operator.schedules")
 RUNS = "workflowruns"
 WAKE_CAP_SECONDS = 300.0
 BACKOFF_MAX_SECONDS = 30.0
+REPORTED_KEPT = 64  # (reason, time) pairs remembered so an Event is posted once
 _MERGE: dict[str, Any] = {"_content_type": MERGE_PATCH}  # merge patches, not JSON patches
 
 
@@ -49,7 +50,8 @@ class _Timer:
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
     phases: dict[str, str] = field(default_factory=dict)  # run name -> phase last seen
-    reported: set[tuple[str, str]] = field(default_factory=set)  # Events already posted
+    reported: dict[tuple[str, str], None] = field(default_factory=dict)  # Events posted (last)
+    refused: str | None = None  # why the latest firing's WorkflowRun was refused, until one is not
 
 
 def _key(body: dict[str, Any]) -> str:
@@ -181,9 +183,8 @@ class Scheduler:
         plan = schedules.plan(spec, parsed, last_schedule=last, created=created, runs=runs, now=now)
         for name in plan.replace:
             await self._cancel(body, name)
-        refused = None
         if plan.fire is not None:
-            made, refused = await self._fire(timer, plan)
+            made, timer.refused = await self._fire(timer, plan)
             last = plan.fire
             if made is not None:
                 plan = replace(plan, active=schedules.after_firing(plan.active, made))
@@ -194,7 +195,7 @@ class Scheduler:
             await self.state.kube.delete(RUNS, meta["namespace"], name)
             log.info("WorkflowSchedule %s: pruned WorkflowRun %s (history limit)", _key(body), name)
         status = schedules.status_of(
-            previous, generation, plan=plan, last_schedule=last, refused=refused
+            previous, generation, plan=plan, last_schedule=last, refused=timer.refused
         )
         await self._write(timer, previous, status)
         return schedules.wake_in(plan.next_time, datetime.now(UTC), WAKE_CAP_SECONDS)
@@ -304,7 +305,9 @@ class Scheduler:
     ) -> None:
         if (reason, at) in timer.reported:
             return
-        timer.reported.add((reason, at))
+        timer.reported[(reason, at)] = None
+        while len(timer.reported) > REPORTED_KEPT:
+            del timer.reported[next(iter(timer.reported))]
         await self.state.kube.event(timer.body, reason, message, warning=warning)
 
     async def _write(
