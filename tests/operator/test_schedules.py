@@ -363,3 +363,39 @@ def test_the_timer_sleeps_until_the_next_firing_capped_and_not_at_all_without_on
     assert schedules.wake_in(now + timedelta(days=1), now, 300) == 300
     assert schedules.wake_in(now - timedelta(seconds=1), now, 300) == 0
     assert schedules.wake_in(None, now, 300) is None
+
+
+async def test_a_run_changing_phase_wakes_its_schedule_and_old_bodies_never_win() -> None:
+    """The timer sleeps until the next firing; a run of the schedule that appears, changes
+    phase or goes wakes it at once (Forbid's late firing, history pruning), other runs
+    and repeated phases do not; a watch event older than the body held is ignored."""
+    from treadle_operator.scheduler import Scheduler, _Timer
+
+    scheduler = Scheduler(state=None)  # type: ignore[arg-type]
+    meta = {"name": "nightly", "namespace": "ns", "uid": "u-1", "resourceVersion": "20"}
+    timer = _Timer(body={"metadata": meta})
+    scheduler.timers["ns/nightly"] = timer
+
+    def run(name: str, phase: str | None, schedule: str = "nightly") -> dict[str, Any]:
+        labels = {"treadle.dev/schedule": schedule}
+        body: dict[str, Any] = {"metadata": {"name": name, "namespace": "ns", "labels": labels}}
+        return {**body, "status": {"phase": phase}} if phase else body
+
+    scheduler.run_changed("ADDED", run("nightly-1", None))
+    assert timer.wake.is_set()
+    timer.wake.clear()
+    scheduler.run_changed("MODIFIED", run("nightly-1", None))  # still Pending: no news
+    scheduler.run_changed("MODIFIED", run("other-1", "Completed", schedule="other"))
+    assert not timer.wake.is_set()
+    scheduler.run_changed("MODIFIED", run("nightly-1", "Completed"))
+    assert timer.wake.is_set()
+    timer.wake.clear()
+    scheduler.run_changed("DELETED", run("nightly-1", "Completed"))
+    assert timer.wake.is_set() and timer.phases == {}
+
+    scheduler.seen("MODIFIED", {"metadata": {**meta, "resourceVersion": "19"}, "spec": {"x": 1}})
+    assert timer.body["metadata"]["resourceVersion"] == "20"
+    scheduler.seen("MODIFIED", {"metadata": {**meta, "resourceVersion": "21"}})
+    assert timer.body["metadata"]["resourceVersion"] == "21"
+    scheduler.seen("DELETED", {"metadata": meta})
+    assert scheduler.timers == {}
