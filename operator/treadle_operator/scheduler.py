@@ -143,8 +143,13 @@ class Scheduler:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
+                said = (
+                    f"HTTP {exc.status} {exc.reason}: {_api_message(exc)}"
+                    if isinstance(exc, ApiException)
+                    else f"{type(exc).__name__}: {exc}"
+                )
                 log.warning("WorkflowSchedule %s: reconcile failed, retried in %.0f s: %s",
-                            key, backoff, exc)  # fmt: skip
+                            key, backoff, said)  # fmt: skip
                 delay, backoff = backoff, min(backoff * 2, BACKOFF_MAX_SECONDS)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(timer.wake.wait(), delay)
@@ -244,7 +249,6 @@ class Scheduler:
                 message = f"firing at {at}: WorkflowRun {name} refused: {_api_message(exc)}"
             else:
                 raise
-            log.warning("WorkflowSchedule %s: %s", _key(body), message)
             await self._event_once(timer, "RunRefused", at, message, warning=True)
             return None, message
         log.info("WorkflowSchedule %s fired WorkflowRun %s (run %s) for %s",
@@ -293,7 +297,6 @@ class Scheduler:
         reason: str,
         message: str,
     ) -> None:
-        log.warning("WorkflowSchedule %s: %s", _key(timer.body), message)
         status = schedules.status_of(
             previous, generation, plan=None, last_schedule=None, problem=(reason, message)
         )
@@ -305,6 +308,8 @@ class Scheduler:
     ) -> None:
         if (reason, at) in timer.reported:
             return
+        if warning:
+            log.warning("WorkflowSchedule %s: %s", _key(timer.body), message)
         timer.reported[(reason, at)] = None
         while len(timer.reported) > REPORTED_KEPT:
             del timer.reported[next(iter(timer.reported))]

@@ -287,7 +287,7 @@ def test_an_operator_killed_between_firing_and_status_fires_that_time_once(shop:
     at = int(datetime.now(UTC).timestamp()) + 4
     when = datetime.fromtimestamp(at, UTC)
     once = f"{when.second} {when.minute} {when.hour} {when.day} {when.month} *"
-    _create(shop, "once", once, "greet", {"name": "once"})
+    _create(shop, "once", once, "greet", {"name": "once"}, startingDeadlineSeconds=60)
     name = f"once-{at}"
     fired = wait_for(lambda: shop.run(name), 30, what=f"the firing's WorkflowRun {name}")
     wait_for(lambda: "reconcile failed" in shop.operator.log(), 20,
