@@ -8,7 +8,8 @@ CronJob's (its v2 controller), with the run key making firings idempotent:
 
 - The firing considered is the *most recent* schedule time in (``lastScheduleTime``
   or the object's creation, now]. Older ones are not run: after downtime a schedule
-  fires once, not once per missed time; the rest are counted in ``missedSchedules``
+  fires once, not once per missed time; the rest (less those that have a run) are
+  counted in ``missedSchedules``
   (CronJob counts to 100: past that the count reads 101, a Warning Event
   ``TooManyMissedTimes`` is posted, and the latest still fires, as CronJob v2 does).
 - It is skipped while ``suspend`` is true; when ``startingDeadlineSeconds`` is set
@@ -152,8 +153,10 @@ def plan(
             skipped = "Forbid"
         else:
             fire = latest
-        if fire is not None and count <= MANY_MISSED:
-            missed = count - 1
+        if count <= MANY_MISSED:  # times that have a run (made before a restart) ran
+            origin = last_schedule or created
+            ran = sum(1 for t in made if origin < t < latest)
+            missed = max(0, count - ran - (1 if fire is not None else 0))
     if spec.suspend and fire is None:
         skipped = "Suspended"  # with or without a time passed over
     replace: tuple[str, ...] = ()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
@@ -277,7 +278,9 @@ def test_an_operator_killed_between_firing_and_status_fires_that_time_once(shop:
     """The run is created before status records the firing. The operator may not write the
     schedule's status (its Role loses that rule), fires, and is killed -9; restarted with
     the rule back, it fires the same time again: the same name (409), adopted; one
-    WorkflowRun object, one run in the World, one RunCreated Event."""
+    WorkflowRun object, one run in the World, one RunCreated Event. A schedule made while
+    the operator was down fires once on its return: the latest missed time (within
+    startingDeadlineSeconds), the others counted in a Missed Event."""
     role_path = f"{RBAC}/namespaces/{shop.namespace}/roles/treadle-operator"
     role = shop.kube.rest.get(role_path)
     rules = role["rules"]
@@ -294,6 +297,11 @@ def test_an_operator_killed_between_firing_and_status_fires_that_time_once(shop:
              what="the operator failing to write the schedule's status")  # fmt: skip
     assert "lastScheduleTime" not in (_schedule(shop, "once").get("status") or {})
     shop.operator.kill()
+    # While it is down, another schedule is made and three of its times pass.
+    _create(shop, "often", EVERY_2S, "greet", {"name": "often"}, startingDeadlineSeconds=30)
+    made = _schedule(shop, "often")["metadata"]["creationTimestamp"]
+    origin = int(datetime.strptime(made, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp())
+    wait_for(lambda: time.time() >= origin + 7, 15, what="three times of 'often' passing")
     shop.kube.rest.patch(role_path, {"rules": rules})
     shop.operator.start()
 
@@ -315,3 +323,17 @@ def test_an_operator_killed_between_firing_and_status_fires_that_time_once(shop:
     assert shop.events("once").count("RunCreated") == 1
     assert "made already: adopted" in shop.operator.log()
     _delete(shop, "once")
+
+    # The times 'often' missed while the operator was down fire once: the latest of them.
+    first = wait_for(lambda: _runs(shop, "often"), 30, what="the first firing of 'often'")[0]
+    assert _at(first) >= origin + 6, "a time older than the latest missed one fired"
+
+    def said() -> list[str]:
+        listed = shop.kube.rest.get(
+            f"/api/v1/namespaces/{shop.namespace}/events?fieldSelector=involvedObject.name=often"
+        )
+        return [e["message"] for e in listed["items"] if e["reason"] == "Missed"]
+
+    (missed,) = wait_for(said, 10, what="a Missed Event on 'often'")
+    assert int(missed.split()[0]) >= 2 and _iso(_at(first)) in missed, missed
+    _delete(shop, "often")

@@ -169,6 +169,12 @@ def test_after_downtime_only_the_latest_missed_firing_fires_and_the_rest_are_cou
     )  # fmt: skip
     assert (p.fire, p.missed, p.skipped) == (utc(2026, 1, 1, 10, 20), 3, None)
     assert p.next_time == utc(2026, 1, 1, 10, 25)
+    ran = [_run("s-10-05", utc(2026, 1, 1, 10, 5), "Completed")]  # made, status unwritten
+    p = schedules.plan(
+        spec(), cron.parse("*/5 * * * *"), last_schedule=utc(2026, 1, 1, 10, 0),
+        created=utc(2026, 1, 1), runs=ran, now=utc(2026, 1, 1, 10, 21),
+    )  # fmt: skip
+    assert (p.fire, p.missed) == (utc(2026, 1, 1, 10, 20), 2)
 
 
 def test_a_firing_later_than_starting_deadline_seconds_is_skipped() -> None:
