@@ -64,7 +64,7 @@ def shop(
     made.deploy(made.deployment, "shop:1")
     made.latest()
     yield made
-    made.operator.stop()
+    made.operator.kill()  # a SIGTERM'd operator takes its 15 s to go; the test is over
     print(f"--- operator log of {namespace} (tail) ---")
     print(made.operator.log()[-8000:])
     kube.rest.delete(f"/api/v1/namespaces/{namespace}")
