@@ -52,6 +52,7 @@ class _Timer:
     phases: dict[str, str] = field(default_factory=dict)  # run name -> phase last seen
     reported: dict[tuple[str, str], None] = field(default_factory=dict)  # Events posted (last)
     refused: str | None = None  # why the latest firing's WorkflowRun was refused, until one is not
+    next_time: datetime | None = None  # the next firing, as last planned
 
 
 def _key(body: dict[str, Any]) -> str:
@@ -150,7 +151,10 @@ class Scheduler:
                 )
                 log.warning("WorkflowSchedule %s: reconcile failed, retried in %.0f s: %s",
                             key, backoff, said)  # fmt: skip
-                delay, backoff = backoff, min(backoff * 2, BACKOFF_MAX_SECONDS)
+                # A failing look never delays a firing: retry by then at the latest.
+                due = schedules.wake_in(timer.next_time, datetime.now(UTC), backoff)
+                delay = due if due else backoff  # a firing due already: back off
+                backoff = min(backoff * 2, BACKOFF_MAX_SECONDS)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(timer.wake.wait(), delay)
 
@@ -186,6 +190,7 @@ class Scheduler:
         created = schedules.parse_stamp(meta.get("creationTimestamp")) or datetime.now(UTC)
         now = datetime.now(UTC)
         plan = schedules.plan(spec, parsed, last_schedule=last, created=created, runs=runs, now=now)
+        timer.next_time = plan.next_time
         for name in plan.replace:
             await self._cancel(body, name)
         if plan.fire is not None:
@@ -297,6 +302,7 @@ class Scheduler:
         reason: str,
         message: str,
     ) -> None:
+        timer.next_time = None
         status = schedules.status_of(
             previous, generation, plan=None, last_schedule=None, problem=(reason, message)
         )
