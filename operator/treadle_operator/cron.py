@@ -186,7 +186,7 @@ def _field(text: str, index: int, expression: str) -> tuple[frozenset[int], bool
         base, slash, step_text = part.partition("/")
         step = 1
         if slash:
-            if not step_text.isdigit() or int(step_text) == 0:
+            if not _number(step_text) or int(step_text) == 0:
                 raise InvalidSchedule(FIELD, f"{where}: step {step_text!r} must be a number >= 1")
             step = int(step_text)
         if base in ("*", "?"):
@@ -208,10 +208,14 @@ def _field(text: str, index: int, expression: str) -> tuple[frozenset[int], bool
     return frozenset(values), star
 
 
+def _number(text: str) -> bool:
+    return text.isascii() and text.isdigit()
+
+
 def _value(text: str, name: str, low: int, high: int, names: dict[str, int], where: str) -> int:
     if text.upper() in names:
         return names[text.upper()]
-    if not text.isdigit():
+    if not _number(text):
         known = f" or a name ({', '.join(names)})" if names else ""
         raise InvalidSchedule(FIELD, f"{where}: {text!r} is not a number{known}")
     value = int(text)

@@ -92,6 +92,8 @@ def test_both_day_fields_restricted_match_either_and_a_star_makes_them_both_need
         ("@fortnightly", "unknown macro"),
         ("0 0 30 2 *", "never fires"),
         ("0 ? * * *", "only for the day fields"),
+        ("² * * * *", "is not a number"),
+        ("*/٣ * * * *", "must be a number"),
     ],
 )
 def test_a_bad_schedule_is_one_line_naming_spec_schedule(expression: str, says: str) -> None:
@@ -405,3 +407,30 @@ async def test_a_run_changing_phase_wakes_its_schedule_and_old_bodies_never_win(
     assert timer.body["metadata"]["resourceVersion"] == "21"
     scheduler.seen("DELETED", {"metadata": meta})
     assert scheduler.timers == {}
+
+
+def test_any_schedule_text_parses_or_is_refused_with_a_reason_never_a_traceback() -> None:
+    """Seeded fuzz over the tokens cron is made of: ``InvalidSchedule`` or a usable ``Cron``
+    (whose next firing is found, or is None for one that never comes)."""
+    import random
+
+    rng = random.Random(11)
+    tokens = ["*", "?", "/", "-", ",", "0", "1", "7", "12", "31", "59", "60", "99", "JAN",
+              "fri", "L", "#", "@daily", "@", "x", "\u00b2", ""]  # fmt: skip
+    for _ in range(3000):
+        fields = [
+            "".join(rng.choice(tokens) for _ in range(rng.randint(1, 4)))
+            for _ in range(rng.choice((1, 5, 5, 6, 7)))
+        ]
+        text = " ".join(fields)
+        try:
+            parsed = cron.parse(text)
+        except InvalidSchedule as exc:
+            said = str(exc)
+        else:
+            said = ""
+        if said:
+            assert said.startswith("spec.schedule: ") and "\n" not in said, text
+            continue
+        found = parsed.next_after(utc(2026, 1, 1))
+        assert found is None or found > utc(2026, 1, 1), text
