@@ -75,6 +75,19 @@ KINDS = (
             ("Age", "date", ".metadata.creationTimestamp"),
         ),
     ),
+    Kind(
+        kind="WorkflowSchedule",
+        plural="workflowschedules",
+        short_name="wfsched",
+        model=models.WorkflowSchedule,
+        columns=(  # CronJob's
+            ("Schedule", "string", ".spec.schedule"),
+            ("Suspend", "boolean", ".spec.suspend"),
+            ("Active", "integer", ".status.activeCount"),
+            ("Last Schedule", "date", ".status.lastScheduleTime"),
+            ("Age", "date", ".metadata.creationTimestamp"),
+        ),
+    ),
 )
 
 # What a pydantic schema says that a structural schema either says differently or not at all.

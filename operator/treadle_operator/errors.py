@@ -14,7 +14,8 @@
     ├── WebhookUnavailable        the admission webhook's certificate Secret or
     │                             configuration cannot be used (RBAC, conflicts)
     ├── SignalRefused             a WorkflowSignal cannot be done (its status says why)
-    └── SignalNotYet              a WorkflowSignal cannot be done yet (retried)
+    ├── SignalNotYet              a WorkflowSignal cannot be done yet (retried)
+    └── InvalidSchedule           a WorkflowSchedule's schedule or time zone (names the field)
 
 Engine errors (``treadle.errors``) pass through unchanged; a run the World
 refuses to start is a ``treadle.errors.WorldError``.
@@ -79,3 +80,14 @@ class SignalNotYet(OperatorError):
     def __init__(self, reason: str, message: str) -> None:
         super().__init__(message)
         self.reason = reason
+
+
+class InvalidSchedule(OperatorError):
+    """A WorkflowSchedule's ``spec.schedule`` or ``spec.timeZone`` cannot be used.
+
+    ``field`` is the spec field at fault; the message names it and says why.
+    """
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field

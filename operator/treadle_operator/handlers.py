@@ -1,8 +1,9 @@
 """The kopf handlers: which change of which object calls what.
 
 Everything here is wiring; the rules live in ``deployments`` (revisions and
-workers), ``runs`` (start, cancel, mirror, TTL) and ``sync`` (status from the
-log). ``build_registry`` binds the handlers to one operator's ``State``.
+workers), ``runs`` (start, cancel, mirror, TTL), ``sync`` (status from the
+log) and ``scheduler`` (WorkflowSchedule timers). ``build_registry`` binds the
+handlers to one operator's ``State``.
 
 kopf keeps its own progress in annotations under ``treadle.dev`` (never in
 ``status``, which the CRD schema owns), and the finalizer that makes deleting a
@@ -18,7 +19,8 @@ from typing import Any
 
 import kopf
 
-from treadle_operator import deployments, metrics, models, runs, signals
+from treadle_operator import deployments, metrics, models, runs, schedules, signals
+from treadle_operator.scheduler import Scheduler
 from treadle_operator.state import State
 
 log = logging.getLogger("treadle.operator.handlers")
@@ -171,4 +173,21 @@ def build_registry(state: State) -> kopf.OperatorRegistry:
             await state.kube.delete(WFR, meta["namespace"], meta["name"])
 
     signals.register(registry, state)  # WorkflowSignal: docs/operator-day2.md
+
+    # -- WorkflowSchedule (scheduler.py: one timer task per schedule) -------------------------
+
+    scheduler = Scheduler(state)
+
+    @kopf.on.event(G, V, schedules.PLURAL, registry=registry)
+    async def schedule_seen(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
+        scheduler.seen(event.get("type"), _plain(body))
+
+    @kopf.on.event(G, V, WFR, labels={schedules.LABEL: kopf.PRESENT}, registry=registry)
+    async def scheduled_run_seen(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
+        scheduler.run_changed(event.get("type"), _plain(body))
+
+    @kopf.on.cleanup(registry=registry)
+    async def schedules_stop(**_: Any) -> None:
+        await scheduler.close()
+
     return registry

@@ -24,7 +24,12 @@ from typing import Final
 from treadle_operator.permissions import PolicyRule
 
 GROUP: Final = "treadle.dev"
-CRD_RESOURCES: tuple[str, ...] = ("workflowdeployments", "workflowruns", "workflowsignals")
+CRD_RESOURCES: tuple[str, ...] = (
+    "workflowdeployments",
+    "workflowruns",
+    "workflowsignals",
+    "workflowschedules",
+)
 READ: tuple[str, ...] = ("get", "list", "watch")
 WRITE: tuple[str, ...] = ("create", "update", "patch", "delete", "deletecollection")
 VIEW_LABEL: Final = "rbac.authorization.k8s.io/aggregate-to-view"

@@ -26,6 +26,7 @@ CRD_NAMES = {
     "workflowdeployments.treadle.dev",
     "workflowruns.treadle.dev",
     "workflowsignals.treadle.dev",
+    "workflowschedules.treadle.dev",
 }
 WORLD = {"create": True, "databaseUrl": "postgresql://u:p@db:5432/t", "natsUrl": "nats://n:4222"}
 

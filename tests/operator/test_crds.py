@@ -62,3 +62,24 @@ def test_the_chart_copy_is_switched_by_values() -> None:
     assert text.startswith("{{- if .Values.crds.install }}\n" + crds.HEADER)
     assert "{{- if .Values.crds.keep }}" in text
     assert text.endswith("{{- end }}\n")
+
+
+def test_the_schedule_crd_has_cronjobs_columns_and_refuses_what_its_schema_can() -> None:
+    """Issue 11 item 7: `kubectl get wfsched` reads as `kubectl get cronjob`; a schedule
+    without the cron's shape or a run template is refused at the API server."""
+    (kind,) = [k for k in crds.KINDS if k.kind == "WorkflowSchedule"]
+    crd = yaml.safe_load(crds.render_plain(kind))
+    version = crd["spec"]["versions"][0]
+    columns = [(c["name"], c["type"]) for c in version["additionalPrinterColumns"]]
+    assert columns == [
+        ("Schedule", "string"), ("Suspend", "boolean"), ("Active", "integer"),
+        ("Last Schedule", "date"), ("Age", "date"),
+    ]  # fmt: skip
+    assert crd["spec"]["names"]["shortNames"] == ["wfsched"]
+    spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    assert spec["required"] == ["schedule", "runTemplate"]
+    assert spec["properties"]["concurrencyPolicy"]["enum"] == ["Allow", "Forbid", "Replace"]
+    assert spec["properties"]["schedule"]["pattern"]
+    assert spec["properties"]["runTemplate"]["required"] == ["deployment", "workflow"]
+    assert (spec["properties"]["successfulRunsHistoryLimit"]["default"],
+            spec["properties"]["failedRunsHistoryLimit"]["default"]) == (3, 1)  # fmt: skip
