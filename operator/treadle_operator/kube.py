@@ -45,6 +45,7 @@ class Trouble:
     message: str
 
 
+READ = object()  # ``ensure_deployment``: read the Deployment first
 MERGE_PATCH = "application/merge-patch+json"
 # The client would send a dict as a JSON *patch*; ours are merge patches.
 _MERGE: dict[str, Any] = {"_content_type": MERGE_PATCH}
@@ -100,23 +101,59 @@ class Kube:
 
     # -- worker Deployments ----------------------------------------------------------------
 
-    async def ensure_deployment(self, manifest: dict[str, Any]) -> None:
-        """Create the Deployment, or bring an existing one's spec to the manifest's."""
+    async def ensure_deployment(
+        self, manifest: dict[str, Any], *, current: Any = READ, keep_replicas: bool = False
+    ) -> str:
+        """Bring the Deployment to the manifest's spec: read first (or take ``current``, a
+        ``V1Deployment`` or ``None`` from a LIST of this tick), create it when missing,
+        patch only on a real difference (review R5 (c): no create-409-read per tick).
+        ``keep_replicas``: an external autoscaler owns them; never overwritten, set only
+        at creation. Returns ``created``, ``patched`` or ``unchanged``."""
         meta = manifest["metadata"]
+        if current is READ:
+            current = await self.read_deployment(meta["namespace"], meta["name"])
+        if current is None:
+            try:
+                await self.apps.create_namespaced_deployment(meta["namespace"], cast(Any, manifest))
+                log.info("created Deployment %s/%s", meta["namespace"], meta["name"])
+                return "created"
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise
+                current = await self.read_deployment(meta["namespace"], meta["name"])
+                if current is None:
+                    raise
+        wanted = dict(manifest["spec"])
+        if keep_replicas:
+            wanted.pop("replicas", None)
+        replicas_differ = not keep_replicas and current.spec.replicas != wanted["replicas"]
+        if not replicas_differ and not _template_differs(
+            self.api.sanitize_for_serialization(current.spec.template), wanted["template"]
+        ):
+            return "unchanged"
+        await self.apps.patch_namespaced_deployment(
+            meta["name"], meta["namespace"], {"spec": wanted}, **_MERGE
+        )
+        return "patched"
+
+    async def read_deployment(self, namespace: str, name: str) -> Any:
+        """The Deployment (a ``V1Deployment``), ``None`` when there is none."""
         try:
-            await self.apps.create_namespaced_deployment(meta["namespace"], cast(Any, manifest))
-            log.info("created Deployment %s/%s", meta["namespace"], meta["name"])
+            return await self.apps.read_namespaced_deployment(name, namespace)
         except ApiException as exc:
-            if exc.status != 409:
-                raise
-            current = await self.apps.read_namespaced_deployment(meta["name"], meta["namespace"])
-            wanted = manifest["spec"]
-            if current.spec.replicas != wanted["replicas"] or _template_differs(
-                self.api.sanitize_for_serialization(current.spec.template), wanted["template"]
-            ):
-                await self.apps.patch_namespaced_deployment(
-                    meta["name"], meta["namespace"], {"spec": wanted}, **_MERGE
-                )
+            if exc.status == 404:
+                return None
+            raise
+
+    async def list_deployments(self, namespace: str, selector: str) -> dict[str, Any]:
+        """The selected Deployments by name, in one LIST."""
+        found = await self.apps.list_namespaced_deployment(namespace, label_selector=selector)
+        return {d.metadata.name: d for d in found.items}
+
+    async def list_pods(self, namespace: str, selector: str) -> list[Any]:
+        """The selected Pods, in one LIST."""
+        found = await self.core.list_namespaced_pod(namespace, label_selector=selector)
+        return list(found.items)
 
     async def delete_deployment(self, namespace: str, name: str) -> None:
         try:
@@ -135,48 +172,11 @@ class Kube:
         ``ProgressDeadlineExceeded``, and ``ReplicaFailure`` (a ReplicaSet that
         cannot make pods: quota, admission), copied from its ReplicaSet.
         """
-        try:
-            found = await self.apps.read_namespaced_deployment(name, namespace)
-        except ApiException as exc:
-            if exc.status == 404:
-                return False, None
-            raise
-        wanted = found.spec.replicas or 0
-        ready = wanted == 0 or (found.status.ready_replicas or 0) >= 1
-        trouble = None
-        for cond in found.status.conditions or []:
-            if cond.type == "ReplicaFailure" and cond.status == "True":
-                trouble = Trouble("ReplicaFailure", f"Deployment {name}: {cond.message or ''}")
-            elif (
-                cond.type == "Progressing"
-                and cond.status == "False"
-                and cond.reason == "ProgressDeadlineExceeded"
-            ):
-                trouble = Trouble(
-                    "ProgressDeadlineExceeded", f"Deployment {name}: {cond.message or ''}"
-                )
-        return ready, trouble
+        return deployment_state_of(await self.read_deployment(namespace, name), name)
 
     async def pod_trouble(self, namespace: str, selector: str) -> Trouble | None:
         """Why the selected Pods cannot run or be scheduled, in one line (``None``: they can)."""
-        pods = await self.core.list_namespaced_pod(namespace, label_selector=selector)
-        for pod in pods.items:
-            for status in pod.status.container_statuses or []:
-                waiting = status.state.waiting if status.state else None
-                if waiting is None or waiting.reason not in _TROUBLE:
-                    continue
-                detail = waiting.message or ""
-                last = status.last_state.terminated if status.last_state else None
-                if last is not None:
-                    detail = (last.message or "").strip() or f"exit code {last.exit_code}"
-                tail = detail.strip().splitlines()[-1] if detail.strip() else ""
-                line = f"pod {pod.metadata.name}: {waiting.reason}" + (f": {tail}" if tail else "")
-                return Trouble(_TROUBLE[waiting.reason], line)
-            for cond in pod.status.conditions or []:
-                if (cond.type, cond.status, cond.reason) == _UNSCHEDULABLE:
-                    line = f"pod {pod.metadata.name}: Unschedulable: {cond.message or ''}"
-                    return Trouble("Unschedulable", line.strip().rstrip(":"))
-        return None
+        return pods_trouble(await self.list_pods(namespace, selector))
 
     # -- custom objects ---------------------------------------------------------------------
 
@@ -291,3 +291,45 @@ def _template_differs(current: Any, wanted: dict[str, Any]) -> bool:
     ):
         return True
     return any(cur_container.get(key) != want_container.get(key) for key in keys)
+
+
+def deployment_state_of(found: Any, name: str) -> tuple[bool, Trouble | None]:
+    """``Kube.deployment_state`` of a ``V1Deployment`` already read (``None``: missing)."""
+    if found is None:
+        return False, None
+    wanted = found.spec.replicas or 0
+    ready = wanted == 0 or (found.status.ready_replicas or 0) >= 1
+    trouble = None
+    for cond in found.status.conditions or []:
+        if cond.type == "ReplicaFailure" and cond.status == "True":
+            trouble = Trouble("ReplicaFailure", f"Deployment {name}: {cond.message or ''}")
+        elif (
+            cond.type == "Progressing"
+            and cond.status == "False"
+            and cond.reason == "ProgressDeadlineExceeded"
+        ):
+            trouble = Trouble(
+                "ProgressDeadlineExceeded", f"Deployment {name}: {cond.message or ''}"
+            )
+    return ready, trouble
+
+
+def pods_trouble(pods: list[Any]) -> Trouble | None:
+    """Why these Pods cannot run or be scheduled, in one line (``None``: they can)."""
+    for pod in pods:
+        for status in pod.status.container_statuses or []:
+            waiting = status.state.waiting if status.state else None
+            if waiting is None or waiting.reason not in _TROUBLE:
+                continue
+            detail = waiting.message or ""
+            last = status.last_state.terminated if status.last_state else None
+            if last is not None:
+                detail = (last.message or "").strip() or f"exit code {last.exit_code}"
+            tail = detail.strip().splitlines()[-1] if detail.strip() else ""
+            line = f"pod {pod.metadata.name}: {waiting.reason}" + (f": {tail}" if tail else "")
+            return Trouble(_TROUBLE[waiting.reason], line)
+        for cond in pod.status.conditions or []:
+            if (cond.type, cond.status, cond.reason) == _UNSCHEDULABLE:
+                line = f"pod {pod.metadata.name}: Unschedulable: {cond.message or ''}"
+                return Trouble("Unschedulable", line.strip().rstrip(":"))
+    return None

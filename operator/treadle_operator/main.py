@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import kopf
 
-from treadle_operator import handlers, kube, runs, worldhosts
+from treadle_operator import handlers, kube, runs, secretcache, worldhosts
 from treadle_operator.settings import OperatorSettings
 from treadle_operator.state import State
 from treadle_operator.sync import StatusSync
@@ -27,7 +27,9 @@ async def run(namespaces: Sequence[str] = ()) -> None:
         # kopf tells of every handler that succeeded; ours log what matters.
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
         logging.getLogger("kopf.activities").setLevel(logging.WARNING)
-    client = kube.Kube(await kube.login())
+    client = secretcache.CachingKube(
+        await kube.login(), max_age=settings.TREADLE_OPERATOR_SECRET_CACHE_SECONDS
+    )
     sync = StatusSync(client)
     worlds = Worlds(
         client,
@@ -51,6 +53,7 @@ async def run(namespaces: Sequence[str] = ()) -> None:
             namespaces=list(namespaces),
         )
     finally:
+        await state.starts.close()
         await sync.close()
         await worlds.close()
         await client.close()
