@@ -106,6 +106,13 @@ class Starts:
         woken = 0
         for entry in self._pending.values():
             if entry.namespace == namespace and entry.deployment == deployment and entry.tries:
+                if not entry.woken.is_set():
+                    log.info(
+                        "WorkflowRun %s/%s: WorkflowDeployment %s serves now; trying at once",
+                        entry.namespace,
+                        entry.name,
+                        deployment,
+                    )
                 entry.woken.set()
                 woken += 1
         return woken
