@@ -7,11 +7,13 @@ from __future__ import annotations
 import asyncio
 import time
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 from kubernetes_asyncio import client
 
 from treadle.world import events
+from treadle.worlds.local.world import LocalWorld
 from treadle_operator import kube, runs, teardown, workers
 from treadle_operator.models import RevisionStatus
 from treadle_operator.progress import ENDED_REMEMBERED, RunView
@@ -241,3 +243,32 @@ def test_only_a_ready_deployment_on_a_reachable_world_wakes_waiting_runs() -> No
     assert not teardown.serving({"metadata": {}, "status": {}})
     unreachable = {**status, "conditions": [{"type": "WorldReachable", "status": "False"}]}
     assert not teardown.serving({"metadata": {}, "status": unreachable})
+
+
+async def test_cancel_policy_cancels_every_active_run_of_the_revisions_only(
+    tmp_path: Path,
+) -> None:
+    """R7 Cancel: every pending or running run on the deployment's revisions is cancelled
+    through the World (one runs.count per revision tells how many are left); ended runs
+    and other deployments' runs are untouched."""
+    world = await LocalWorld(tmp_path / "world.db").open()
+    try:
+        ids = {}
+        for name, revision in (("a", "shop-1"), ("b", "shop-1"), ("c", "shop-2"), ("x", "other")):
+            run = await world.runs.create(
+                workflow_name="wf", input=None, deployment_id=revision, spec_version=9
+            )
+            ids[name] = run.run_id
+        await world.events.create(ids["b"], events.RunStarted(), in_band=False)
+        done = await world.runs.create(
+            workflow_name="wf", input=None, deployment_id="shop-2", spec_version=9
+        )
+        await world.events.create(done.run_id, events.RunCancelled(reason="x"), in_band=False)
+        assert await teardown.count_active(world, ["shop-1", "shop-2"]) == 3
+        assert await teardown.cancel_active(world, ["shop-1", "shop-2"]) == 3
+        assert await teardown.count_active(world, ["shop-1", "shop-2"]) == 0
+        for name in "abc":
+            assert (await world.runs.get(ids[name])).status == "cancelled"
+        assert (await world.runs.get(ids["x"])).status == "pending"
+    finally:
+        await world.close()
