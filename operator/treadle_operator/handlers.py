@@ -19,7 +19,7 @@ from typing import Any
 
 import kopf
 
-from treadle_operator import deployments, models, runs, runstart, teardown
+from treadle_operator import deployments, models, runs, runstart, secretcache, teardown
 from treadle_operator.state import State
 
 log = logging.getLogger("treadle.operator.handlers")
@@ -101,7 +101,8 @@ def build_registry(state: State) -> kopf.OperatorRegistry:
 
     @kopf.timer(G, V, WFD, interval=cfg.TREADLE_OPERATOR_RECONCILE_SECONDS, registry=registry)
     async def deployment_tick(body: kopf.Body, **_: Any) -> None:
-        await reconcile(body)
+        with secretcache.reuse():  # a periodic look: the World Secret read of 30 s ago will do
+            await reconcile(body)
 
     # -- WorkflowRun ------------------------------------------------------------------------
 

@@ -4,8 +4,11 @@ Every WorkflowDeployment reconcile (every ``TREADLE_OPERATOR_RECONCILE_SECONDS``
 and every WorkflowRun start read the World's Secret, twice for a start (URLs,
 payload keys): one GET each. ``CachingKube`` is the operator's ``Kube`` with
 ``secret`` answered from memory when the same Secret was read less than
-``TREADLE_OPERATOR_SECRET_CACHE_SECONDS`` ago (30 s by default; 0 turns it off).
-So a rotated Secret is picked up within that time. A missing Secret, or one the
+``TREADLE_OPERATOR_SECRET_CACHE_SECONDS`` ago (30 s by default; 0 turns it off),
+**inside a periodic reconcile only** (``reuse()``, which the WorkflowDeployment
+timer's handler enters). So a rotated Secret is picked up by reconciles within
+that time, and at once by what acts on a change (a start, a cancel, a deletion),
+which always reads it (and refreshes the copy). A missing Secret, or one the
 operator may not read, is never cached: once it is created (or allowed), the
 next read sees it. RBAC allows only ``get`` on the World Secret names, so a
 watch (which would need ``list``/``watch`` on Secrets) is not an option.
@@ -13,10 +16,25 @@ watch (which would need ``list``/``watch`` on Secrets) is not an option.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from treadle_operator.kube import Kube
+
+_REUSE: contextvars.ContextVar[bool] = contextvars.ContextVar("treadle_secret_reuse", default=False)
+
+
+@contextlib.contextmanager
+def reuse() -> Iterator[None]:
+    """Within this block (this task), Secret reads may come from the cache."""
+    token = _REUSE.set(True)
+    try:
+        yield
+    finally:
+        _REUSE.reset(token)
 
 
 class CachingKube(Kube):
@@ -30,7 +48,7 @@ class CachingKube(Kube):
         key = (namespace, name)
         now = time.monotonic()
         held = self._secrets.get(key)
-        if held is not None and now - held[0] < self.max_age:
+        if held is not None and _REUSE.get() and now - held[0] < self.max_age:
             return dict(held[1])
         self.secret_reads += 1
         data = await super().secret(namespace, name)
