@@ -31,6 +31,7 @@ from treadle_operator import (
     revisions,
     rollout,
     transport,
+    workers,
 )
 from treadle_operator.conditions import condition, merge_conditions
 from treadle_operator.errors import (
@@ -56,19 +57,11 @@ COUNT_LIMIT = 100_000
 
 
 async def active_runs(world: contract.World, deployment_id: str) -> int:
-    """Runs on ``deployment_id`` that have not ended (counted up to ``COUNT_LIMIT``)."""
-    total = 0
-    for status in ACTIVE_STATUSES:
-        cursor: str | None = None
-        while total < COUNT_LIMIT:
-            page = await world.runs.list(
-                status=status, deployment_id=deployment_id, limit=1000, cursor=cursor
-            )
-            total += len(page.runs)
-            cursor = page.next_cursor
-            if cursor is None:
-                break
-    return total
+    """Runs on ``deployment_id`` that have not ended (counted up to ``COUNT_LIMIT``), in one
+    query (``runs.count``), never a page walk (review R5 (c))."""
+    return await world.runs.count(
+        statuses=ACTIVE_STATUSES, deployment_id=deployment_id, limit=COUNT_LIMIT
+    )
 
 
 async def steps_replicas(world: contract.World, spec: WorkflowDeploymentSpec, revision: str) -> int:
@@ -82,24 +75,16 @@ async def steps_replicas(world: contract.World, spec: WorkflowDeploymentSpec, re
 
 
 async def _observe(
-    state: State, namespace: str, world: contract.World, revision: RevisionStatus
+    state: State,
+    namespace: str,
+    world: contract.World,
+    revision: RevisionStatus,
+    seen: workers.Workers,
 ) -> revisions.Observed:
-    states = [
-        await state.kube.deployment_state(namespace, manifests.deployment_name(revision.id, role))
-        for role in manifests.ROLES
-    ]
-    ready = all(ok for ok, _ in states)
     record = await world.deployments.get(revision.id)
     # Ready means the workers run and have told the World what they serve.
-    ready = ready and record is not None and record.catalogue is not None
-    trouble = await state.kube.pod_trouble(namespace, f"{manifests.LABEL_REVISION}={revision.id}")
-    trouble = trouble or next((t for _, t in states if t is not None), None)
-    return revisions.Observed(
-        ready=ready and trouble is None,
-        active_runs=await active_runs(world, revision.id),
-        message=trouble.message if trouble else "",
-        stalled=trouble.reason if trouble else "",
-    )
+    registered = record is not None and record.catalogue is not None
+    return workers.observed(seen, revision, registered, await active_runs(world, revision.id))
 
 
 async def reconcile(state: State, body: dict[str, Any]) -> None:
@@ -145,8 +130,9 @@ async def reconcile(state: State, body: dict[str, Any]) -> None:
         return
 
     metrics.world_reachable(namespace, name, True)
+    seen = await workers.Workers.read(state.kube, namespace, name)  # two LISTs per tick
     observed = {
-        r.id: await _observe(state, namespace, world, r)
+        r.id: await _observe(state, namespace, world, r, seen)
         for r in status.revisions
         if r.phase != "Retired"
     }
@@ -171,7 +157,7 @@ async def reconcile(state: State, body: dict[str, Any]) -> None:
                 replicas = await pinned.draining_replicas(world, spec, revision_id, role)
             elif role == "orchestrator":
                 replicas = spec.orchestrator.replicas
-            elif spec.steps.autoscale is not None:
+            elif spec.steps.autoscale is not None and not workers.replicas_external(spec, role):
                 replicas = await steps_replicas(world, spec, revision_id)
             else:
                 replicas = spec.steps.replicas
@@ -188,11 +174,17 @@ async def reconcile(state: State, body: dict[str, Any]) -> None:
                 transport_keys=state.worlds.transport_keys(namespace, spec.world),
                 secret_checksum=state.worlds.secret_checksum(namespace, spec.world),
             )
-            if draining and await state.kube.scale_deployment(manifest, pinned.followed(manifest)):
+            current = seen.current(manifest["metadata"]["name"])
+            external = workers.replicas_external(spec, role)
+            if draining and await state.kube.scale_deployment(
+                manifest, pinned.followed(manifest), current=current, keep_replicas=external
+            ):
                 continue  # scaled; only the operator's own pod annotations followed
             rendered.append(manifest["spec"]["template"]["metadata"]["annotations"][HASH])
             try:
-                await state.kube.ensure_deployment(manifest)
+                await state.kube.ensure_deployment(
+                    manifest, current=current, keep_replicas=external
+                )
             except DeploymentRefused as exc:  # a template field the API server refuses
                 await _refuse(state, body, status, str(exc), reason="InvalidTemplate")
                 return

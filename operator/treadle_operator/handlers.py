@@ -12,6 +12,7 @@ running WorkflowRun cancel its run is ``treadle.dev/finalizer``.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from datetime import UTC, datetime
@@ -19,7 +20,17 @@ from typing import Any
 
 import kopf
 
-from treadle_operator import deployments, metrics, models, runs, schedules, signals
+from treadle_operator import (
+    deployments,
+    metrics,
+    models,
+    runs,
+    runstart,
+    schedules,
+    secretcache,
+    signals,
+    teardown,
+)
 from treadle_operator.scheduler import Scheduler
 from treadle_operator.state import State
 
@@ -61,6 +72,7 @@ def configure(settings: kopf.OperatorSettings, *, namespaced: bool = False) -> N
 def build_registry(state: State) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
     cfg = state.settings
+    state.starts.attempt = functools.partial(runstart.attempt, state)
 
     @kopf.on.startup(registry=registry)
     async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
@@ -92,29 +104,37 @@ def build_registry(state: State) -> kopf.OperatorRegistry:
 
     @kopf.on.delete(G, V, WFD, registry=registry)
     async def deployment_deleted(body: kopf.Body, **_: Any) -> None:
-        """Its worker Deployments go with it (owner references); the World forgets it too."""
-        await deployments.retire_all(state, _plain(body))
+        """spec.deletionPolicy (``teardown``): Wait for its runs, Cancel them, or Orphan them;
+        then its worker Deployments go with it (owner references) and the World retires it."""
+        await teardown.delete(state, _plain(body))
         metrics.forget_deployment(body["metadata"]["namespace"], body["metadata"]["name"])
+
+    @kopf.on.event(G, V, WFD, registry=registry)
+    async def deployment_seen(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
+        """A ready revision on a reachable World wakes the runs waiting to start on it."""
+        meta = body.get("metadata") or {}
+        if event.get("type") == "DELETED":
+            state.forget(str(meta.get("uid")))
+            return
+        if teardown.serving(_plain(body)):
+            state.starts.wake_deployment(str(meta.get("namespace")), str(meta.get("name")))
 
     @kopf.timer(G, V, WFD, interval=cfg.TREADLE_OPERATOR_RECONCILE_SECONDS, registry=registry)
     async def deployment_tick(body: kopf.Body, **_: Any) -> None:
-        await reconcile(body)
+        with secretcache.reuse():  # a periodic look: the World Secret read of 30 s ago will do
+            await reconcile(body)
 
     # -- WorkflowRun ------------------------------------------------------------------------
 
     @kopf.on.create(G, V, WFR, registry=registry)
     async def run_created(body: kopf.Body, **_: Any) -> None:
-        plain = _plain(body)
-        try:
-            with metrics.timed("WorkflowRun", expected=(runs.NotYet,)):
-                await runs.start(state, plain)
-        except runs.NotYet as exc:
-            await runs.waiting(state, plain, exc)
-            raise kopf.TemporaryError(str(exc), delay=cfg.TREADLE_OPERATOR_RETRY_SECONDS) from exc
+        """Started by ``starts`` (one task per object, backoff while it cannot start)."""
+        state.starts.submit(_plain(body))
 
     @kopf.on.field(G, V, WFR, field="spec.cancel", registry=registry)
     async def cancel_changed(body: kopf.Body, new: Any, **_: Any) -> None:
         if new:
+            state.starts.wake(str(body.get("metadata", {}).get("uid")))  # not started yet
             await runs.cancel(state, _plain(body), "spec.cancel is true")
 
     @kopf.on.delete(G, V, WFR, registry=registry)
@@ -122,6 +142,7 @@ def build_registry(state: State) -> kopf.OperatorRegistry:
         """spec.onDelete Cancel (default): cancel the run first, retrying while its World
         cannot be reached (the finalizer stays); Orphan: let the run go on."""
         plain = _plain(body)
+        state.starts.forget(str(plain["metadata"].get("uid")))
         run_id = (plain.get("status") or {}).get("runId")
         if (plain.get("spec") or {}).get("onDelete") == "Orphan":
             if run_id and (plain.get("status") or {}).get("phase") not in models.FINISHED_PHASES:
@@ -143,10 +164,16 @@ def build_registry(state: State) -> kopf.OperatorRegistry:
         plain = _plain(body)
         run_id = (plain.get("status") or {}).get("runId")
         if event.get("type") == "DELETED":
+            state.starts.forget(str(plain["metadata"].get("uid")))
             if run_id:
                 state.sync.untrack(run_id)
             return
-        if not (plain.get("metadata") or {}).get("deletionTimestamp"):
+        if (plain.get("metadata") or {}).get("deletionTimestamp"):
+            return
+        phase = (plain.get("status") or {}).get("phase")
+        if not run_id and phase not in models.FINISHED_PHASES:
+            state.starts.submit(plain)  # after a restart too: kopf lists every object
+        else:
             await runs.follow(state, plain)
 
     def finished_with_ttl(spec: kopf.Spec, status: kopf.Status, **_: Any) -> bool:

@@ -46,6 +46,7 @@ class Trouble:
     message: str
 
 
+READ = object()  # ``ensure_deployment``: read the Deployment first
 MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
 # The client would send a dict as a JSON *patch*; ours are merge patches.
@@ -104,41 +105,73 @@ class Kube:
 
     # -- worker Deployments ----------------------------------------------------------------
 
-    async def ensure_deployment(self, manifest: dict[str, Any]) -> None:
-        """Create the Deployment, or bring an existing one's spec to the manifest's."""
+    async def ensure_deployment(
+        self, manifest: dict[str, Any], *, current: Any = READ, keep_replicas: bool = False
+    ) -> str:
+        """Bring the Deployment to the manifest's spec: read first (or take ``current``, a
+        ``V1Deployment`` or ``None`` from a LIST of this tick), create it when missing,
+        patch only on a real difference (review R5 (c): no create-409-read per tick).
+        ``keep_replicas``: an external autoscaler owns them; never overwritten, set only
+        at creation. Returns ``created``, ``patched`` or ``unchanged``."""
         meta = manifest["metadata"]
-        try:
-            await self.apps.create_namespaced_deployment(meta["namespace"], cast(Any, manifest))
-            log.info("created Deployment %s/%s", meta["namespace"], meta["name"])
-        except ApiException as exc:
-            if exc.status != 409:
-                raise _refused(exc, meta) from None
-            current = await self.apps.read_namespaced_deployment(meta["name"], meta["namespace"])
-            wanted = manifest["spec"]
-            if current.spec.replicas != wanted["replicas"] or _template_differs(
-                self.api.sanitize_for_serialization(current.spec.template), wanted["template"]
-            ):
-                try:
-                    await self.apps.patch_namespaced_deployment(
-                        meta["name"], meta["namespace"], replace_ops(wanted), **_JSON
-                    )
-                except ApiException as exc:
+        if current is READ:
+            current = await self.read_deployment(meta["namespace"], meta["name"])
+        if current is None:
+            try:
+                await self.apps.create_namespaced_deployment(meta["namespace"], cast(Any, manifest))
+                log.info("created Deployment %s/%s", meta["namespace"], meta["name"])
+                return "created"
+            except ApiException as exc:
+                if exc.status != 409:
                     raise _refused(exc, meta) from None
+                current = await self.read_deployment(meta["namespace"], meta["name"])
+                if current is None:
+                    raise
+        wanted = dict(manifest["spec"])
+        if keep_replicas:
+            wanted.pop("replicas", None)
+        replicas_differ = not keep_replicas and current.spec.replicas != wanted["replicas"]
+        if not replicas_differ and not _template_differs(
+            self.api.sanitize_for_serialization(current.spec.template), wanted["template"]
+        ):
+            return "unchanged"
+        try:  # replicas and pod template as wholes: a key dropped from Git is dropped
+            await self.apps.patch_namespaced_deployment(
+                meta["name"], meta["namespace"], replace_ops(wanted), **_JSON
+            )
+        except ApiException as exc:
+            raise _refused(exc, meta) from None
+        return "patched"
 
-    async def scale_deployment(self, manifest: dict[str, Any], follow: dict[str, str]) -> bool:
-        """Set only the manifest's replicas and the pod annotations in ``follow`` on the
-        Deployment (its pod template otherwise stays); ``False`` when it is gone."""
-        meta = manifest["metadata"]
+    async def read_deployment(self, namespace: str, name: str) -> Any:
+        """The Deployment (a ``V1Deployment``), ``None`` when there is none."""
         try:
-            current = await self.apps.read_namespaced_deployment(meta["name"], meta["namespace"])
+            return await self.apps.read_namespaced_deployment(name, namespace)
         except ApiException as exc:
             if exc.status == 404:
-                return False
+                return None
             raise
+
+    async def scale_deployment(
+        self,
+        manifest: dict[str, Any],
+        follow: dict[str, str],
+        *,
+        current: Any = READ,
+        keep_replicas: bool = False,
+    ) -> bool:
+        """Set only the manifest's replicas and the pod annotations in ``follow`` on the
+        Deployment (its pod template otherwise stays); ``False`` when it is gone.
+        ``current`` and ``keep_replicas`` as for ``ensure_deployment``."""
+        meta = manifest["metadata"]
+        if current is READ:
+            current = await self.read_deployment(meta["namespace"], meta["name"])
+        if current is None:
+            return False
         replicas = manifest["spec"]["replicas"]
         annotations = dict(current.spec.template.metadata.annotations or {})
         patch: dict[str, Any] = {}
-        if current.spec.replicas != replicas:
+        if not keep_replicas and current.spec.replicas != replicas:
             patch["replicas"] = replicas
         if any(annotations.get(k) != v for k, v in follow.items()):
             patch["template"] = {"metadata": {"annotations": follow}}
@@ -153,6 +186,16 @@ class Kube:
         listed = await self.apps.list_namespaced_deployment(namespace, label_selector=selector)
         plain: list[dict[str, Any]] = self.api.sanitize_for_serialization(listed).get("items", [])
         return plain
+
+    async def deployments_by_name(self, namespace: str, selector: str) -> dict[str, Any]:
+        """The selected Deployments (``V1Deployment``) by name, in one LIST."""
+        found = await self.apps.list_namespaced_deployment(namespace, label_selector=selector)
+        return {d.metadata.name: d for d in found.items}
+
+    async def list_pods(self, namespace: str, selector: str) -> list[Any]:
+        """The selected Pods, in one LIST."""
+        found = await self.core.list_namespaced_pod(namespace, label_selector=selector)
+        return list(found.items)
 
     async def delete_deployment(self, namespace: str, name: str) -> None:
         try:
@@ -171,48 +214,11 @@ class Kube:
         ``ProgressDeadlineExceeded``, and ``ReplicaFailure`` (a ReplicaSet that
         cannot make pods: quota, admission), copied from its ReplicaSet.
         """
-        try:
-            found = await self.apps.read_namespaced_deployment(name, namespace)
-        except ApiException as exc:
-            if exc.status == 404:
-                return False, None
-            raise
-        wanted = found.spec.replicas or 0
-        ready = wanted == 0 or (found.status.ready_replicas or 0) >= 1
-        trouble = None
-        for cond in found.status.conditions or []:
-            if cond.type == "ReplicaFailure" and cond.status == "True":
-                trouble = Trouble("ReplicaFailure", f"Deployment {name}: {cond.message or ''}")
-            elif (
-                cond.type == "Progressing"
-                and cond.status == "False"
-                and cond.reason == "ProgressDeadlineExceeded"
-            ):
-                trouble = Trouble(
-                    "ProgressDeadlineExceeded", f"Deployment {name}: {cond.message or ''}"
-                )
-        return ready, trouble
+        return deployment_state_of(await self.read_deployment(namespace, name), name)
 
     async def pod_trouble(self, namespace: str, selector: str) -> Trouble | None:
         """Why the selected Pods cannot run or be scheduled, in one line (``None``: they can)."""
-        pods = await self.core.list_namespaced_pod(namespace, label_selector=selector)
-        for pod in pods.items:
-            for status in pod.status.container_statuses or []:
-                waiting = status.state.waiting if status.state else None
-                if waiting is None or waiting.reason not in _TROUBLE:
-                    continue
-                detail = waiting.message or ""
-                last = status.last_state.terminated if status.last_state else None
-                if last is not None:
-                    detail = (last.message or "").strip() or f"exit code {last.exit_code}"
-                tail = detail.strip().splitlines()[-1] if detail.strip() else ""
-                line = f"pod {pod.metadata.name}: {waiting.reason}" + (f": {tail}" if tail else "")
-                return Trouble(_TROUBLE[waiting.reason], line)
-            for cond in pod.status.conditions or []:
-                if (cond.type, cond.status, cond.reason) == _UNSCHEDULABLE:
-                    line = f"pod {pod.metadata.name}: Unschedulable: {cond.message or ''}"
-                    return Trouble("Unschedulable", line.strip().rstrip(":"))
-        return None
+        return pods_trouble(await self.list_pods(namespace, selector))
 
     # -- custom objects ---------------------------------------------------------------------
 
@@ -370,3 +376,45 @@ def _refused(exc: ApiException, meta: dict[str, Any]) -> Exception:
     return DeploymentRefused(
         f"the API server refused Deployment {meta['namespace']}/{meta['name']}: {message}"
     )
+
+
+def deployment_state_of(found: Any, name: str) -> tuple[bool, Trouble | None]:
+    """``Kube.deployment_state`` of a ``V1Deployment`` already read (``None``: missing)."""
+    if found is None:
+        return False, None
+    wanted = found.spec.replicas or 0
+    ready = wanted == 0 or (found.status.ready_replicas or 0) >= 1
+    trouble = None
+    for cond in found.status.conditions or []:
+        if cond.type == "ReplicaFailure" and cond.status == "True":
+            trouble = Trouble("ReplicaFailure", f"Deployment {name}: {cond.message or ''}")
+        elif (
+            cond.type == "Progressing"
+            and cond.status == "False"
+            and cond.reason == "ProgressDeadlineExceeded"
+        ):
+            trouble = Trouble(
+                "ProgressDeadlineExceeded", f"Deployment {name}: {cond.message or ''}"
+            )
+    return ready, trouble
+
+
+def pods_trouble(pods: list[Any]) -> Trouble | None:
+    """Why these Pods cannot run or be scheduled, in one line (``None``: they can)."""
+    for pod in pods:
+        for status in pod.status.container_statuses or []:
+            waiting = status.state.waiting if status.state else None
+            if waiting is None or waiting.reason not in _TROUBLE:
+                continue
+            detail = waiting.message or ""
+            last = status.last_state.terminated if status.last_state else None
+            if last is not None:
+                detail = (last.message or "").strip() or f"exit code {last.exit_code}"
+            tail = detail.strip().splitlines()[-1] if detail.strip() else ""
+            line = f"pod {pod.metadata.name}: {waiting.reason}" + (f": {tail}" if tail else "")
+            return Trouble(_TROUBLE[waiting.reason], line)
+        for cond in pod.status.conditions or []:
+            if (cond.type, cond.status, cond.reason) == _UNSCHEDULABLE:
+                line = f"pod {pod.metadata.name}: Unschedulable: {cond.message or ''}"
+                return Trouble("Unschedulable", line.strip().rstrip(":"))
+    return None

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 import kopf
 
-from treadle_operator import handlers, kube, leader, runs, webhook, worldhosts
+from treadle_operator import handlers, kube, leader, runs, secretcache, webhook, worldhosts
 from treadle_operator.errors import LeadershipLost
 from treadle_operator.probes import Probes
 from treadle_operator.settings import OperatorSettings
@@ -30,7 +30,9 @@ async def run(namespaces: Sequence[str] = ()) -> None:
         # kopf tells of every handler that succeeded; ours log what matters.
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
         logging.getLogger("kopf.activities").setLevel(logging.WARNING)
-    client = kube.Kube(await kube.login())
+    client = secretcache.CachingKube(
+        await kube.login(), max_age=settings.TREADLE_OPERATOR_SECRET_CACHE_SECONDS
+    )
     sync = StatusSync(client, interval=settings.TREADLE_OPERATOR_STATUS_INTERVAL_SECONDS)
     worlds = Worlds(
         client,
@@ -75,6 +77,7 @@ async def run(namespaces: Sequence[str] = ()) -> None:
             await admission_server.stop()
         if probes is not None:
             await probes.stop()
+        await state.starts.close()
         await sync.close()
         await worlds.close()
         await client.close()

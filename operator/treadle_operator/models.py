@@ -27,6 +27,8 @@ API_VERSION = f"{GROUP}/{VERSION}"
 RevisionPhase = Literal["Pending", "Active", "Draining", "Retired"]
 RunPhase = Literal["Pending", "Running", "Completed", "Failed", "Cancelled"]
 OnDelete = Literal["Cancel", "Orphan"]
+DeletionPolicy = Literal["Wait", "Cancel", "Orphan"]
+ReplicasManagedBy = Literal["Operator", "External"]
 FINISHED_PHASES: frozenset[str] = frozenset({"Completed", "Failed", "Cancelled"})
 
 _ModelT = TypeVar("_ModelT", bound=BaseModel)
@@ -100,6 +102,12 @@ class StepsSpec(_Model):
         default=None, description="a container's resources (requests, limits)"
     )
     autoscale: Autoscale | None = None
+    replicas_managed_by: ReplicasManagedBy = Field(
+        default="Operator",
+        description="Operator: the operator sets the step workers' replicas (replicas, or "
+        "autoscale); External: an HPA or KEDA scaler owns them, the operator sets replicas "
+        "only when it creates the Deployment and never overwrites them",
+    )
 
 
 class PodTemplateMetadata(_Model):
@@ -220,6 +228,12 @@ class WorkflowDeploymentSpec(_Model):
         le=86_400,
         description="a superseded revision with no active runs retires only this long "
         "after it stopped being latest (a start that read it just before still lands)",
+    )
+    deletion_policy: DeletionPolicy = Field(
+        default="Wait",
+        description="deleting this object while runs are active: Wait (keep the workers until "
+        "the runs end, then go), Cancel (cancel every active run, then go), or Orphan (go at "
+        "once; the runs stall with no workers)",
     )
 
 

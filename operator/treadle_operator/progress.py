@@ -29,13 +29,27 @@ PHASES: dict[str, RunPhase] = {
 }
 
 
+# Ended step ids a view remembers (to ignore a late duplicate ``step_created``); past
+# it only counts are kept. Open steps, sleeps and hooks are kept in full: they are what
+# the run is doing now (review R13 "operator memory").
+ENDED_REMEMBERED = 1024
+
+
 @dataclass
 class RunView:
+    """Counts of a run's steps and its open sleeps and hooks, folded from its events.
+
+    Memory is bounded by what is open: a step is kept by id only until its outcome
+    (the World refuses any later start or outcome for it), then it is a count; the
+    last ``ENDED_REMEMBERED`` ended ids are kept to ignore a repeated creation.
+    """
+
     after_slot: int = 0
-    created: set[str] = field(default_factory=set)
-    started: set[str] = field(default_factory=set)
-    completed: set[str] = field(default_factory=set)
-    failed: set[str] = field(default_factory=set)
+    open_steps: dict[str, bool] = field(default_factory=dict)  # step id -> started
+    ended: dict[str, None] = field(default_factory=dict)  # the latest ended step ids
+    total: int = 0
+    completed: int = 0
+    failed: int = 0
     waits: dict[str, str] = field(default_factory=dict)  # open wait -> resume_at
     hooks: dict[str, str] = field(default_factory=dict)  # open hook -> token
 
@@ -47,14 +61,15 @@ class RunView:
         key = event.correlation_id or ""
         match event:
             case events.StepCreated():
-                self.created.add(key)
+                self._open(key, started=False)
             case events.StepStarted():
-                self.created.add(key)
-                self.started.add(key)
+                self._open(key, started=True)
             case events.StepCompleted():
-                self.completed.add(key)
+                if self._end(key):
+                    self.completed += 1
             case events.StepFailed():
-                self.failed.add(key)
+                if self._end(key):
+                    self.failed += 1
             case events.WaitCreated(resume_at=resume_at):
                 self.waits[key] = resume_at.strftime("%Y-%m-%dT%H:%M:%SZ")
             case events.WaitCompleted():
@@ -64,14 +79,33 @@ class RunView:
             case events.HookReceived() | events.HookDisposed():
                 self.hooks.pop(key, None)
 
+    def _open(self, key: str, *, started: bool) -> None:
+        if key in self.ended:
+            return
+        if key not in self.open_steps:
+            self.total += 1
+            self.open_steps[key] = started
+        elif started:
+            self.open_steps[key] = True
+
+    def _end(self, key: str) -> bool:
+        """The step's outcome: forget it but as a count; ``False`` if seen ended already."""
+        if key in self.ended:
+            return False
+        if self.open_steps.pop(key, None) is None:
+            self.total += 1  # an outcome with no creation or start seen (not expected)
+        self.ended[key] = None
+        if len(self.ended) > ENDED_REMEMBERED:
+            del self.ended[next(iter(self.ended))]
+        return True
+
     @property
     def steps(self) -> StepCounts:
-        ended = self.completed | self.failed
         return StepCounts(
-            total=len(self.created),
-            completed=len(self.completed),
-            failed=len(self.failed),
-            running=len(self.started - ended),
+            total=self.total,
+            completed=self.completed,
+            failed=self.failed,
+            running=sum(1 for started in self.open_steps.values() if started),
         )
 
     def waiting_on(self) -> list[str]:

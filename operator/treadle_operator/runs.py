@@ -181,11 +181,13 @@ async def start(state: State, body: dict[str, Any]) -> None:
         return
 
     if spec.cancel:
-        cancelled = status.model_copy(
-            update={"phase": "Cancelled", "reason": "CancelledBeforeStart"}
-        )
-        await _patch(state, body, cancelled)
+        await cancelled_before_start(state, body)
         return
+    if (wfd.get("metadata") or {}).get("deletionTimestamp"):  # review R7: it drains
+        raise NotYet(
+            "DeploymentDeleting",
+            f"WorkflowDeployment {namespace}/{spec.deployment} is being deleted: no new runs",
+        )
     revision = (wfd.get("status") or {}).get("latestRevision")
     if not revision:
         raise NotYet(
@@ -340,6 +342,19 @@ async def adopt(
     await state.kube.event(body, "Adopted", message)
     log.info("run %s adopted by WorkflowRun %s", run.run_id, _name(body))
     state.sync.track(run.run_id, world, body, adopted, payloads.active())
+
+
+async def cancelled_before_start(state: State, body: dict[str, Any]) -> None:
+    """``spec.cancel`` before any run: end the object ``Cancelled``, its ``completedAt`` now
+    (its TTL counts from the cancel, review R13), without asking the World."""
+    cancelled = _status(body).model_copy(
+        update={
+            "phase": "Cancelled",
+            "reason": "CancelledBeforeStart",
+            "completed_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        }
+    )
+    await _patch(state, body, cancelled)
 
 
 def _name(body: dict[str, Any]) -> str:
@@ -527,8 +542,13 @@ async def follow(state: State, body: dict[str, Any]) -> None:
     try:
         world, wfd = await world_of(state, body["metadata"]["namespace"], spec.deployment)
         run = await world.runs.get(status.run_id)
-    except (NotYet, engine_errors.RunNotFound):
-        return  # not yet recorded: ``start`` tracks it once it is
+    except NotYet:
+        return
+    except engine_errors.RunNotFound:
+        if not status.mirrored and status.revision:
+            # Chosen, then the operator stopped before recording it: start records it.
+            state.starts.submit(body)
+        return
     problem = binding.refusal(run, body, wfd)
     if problem is not None:
         await refuse(state, body, problem)
@@ -550,8 +570,10 @@ def expired(body: dict[str, Any], now: datetime) -> bool:
         for stamp in stamps
         if isinstance(stamp, str) and stamp
     ]
-    if not status.completed_at or not times:
+    if not times:
         return True
+    # No completedAt (an object cancelled before its start by an older operator): the TTL
+    # counts from its creation, never "expired at the first check" (review R13).
     return (now - max(times)).total_seconds() >= spec.ttl_seconds_after_finished
 
 

@@ -25,7 +25,21 @@ class OperatorSettings(BaseSettings):
         default=5.0,
         gt=0,
         le=3600,
-        description="delay before a WorkflowRun that cannot start yet is tried again",
+        description="delay before a WorkflowRun that cannot start yet is tried again (the "
+        "first; it doubles per try, up to TREADLE_OPERATOR_RETRY_MAX_SECONDS)",
+    )
+    TREADLE_OPERATOR_RETRY_MAX_SECONDS: float = Field(
+        default=300.0,
+        gt=0,
+        le=86400,
+        description="the longest delay between two tries at starting a WorkflowRun",
+    )
+    TREADLE_OPERATOR_SECRET_CACHE_SECONDS: float = Field(
+        default=30.0,
+        ge=0,
+        le=3600,
+        description="how long a World Secret read is reused before it is read again (0: "
+        "every time); a rotated Secret is seen within this",
     )
     TREADLE_OPERATOR_WORLD_HOSTS: str = Field(
         default="",

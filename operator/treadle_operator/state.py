@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from treadle_operator.kube import Kube
 from treadle_operator.settings import OperatorSettings
+from treadle_operator.starts import Starts
 from treadle_operator.sync import StatusSync
 from treadle_operator.worlds import Worlds
 
@@ -34,7 +35,25 @@ class State:
     owners: dict[str, Owner] = field(default_factory=dict)  # revision id -> its deployment
     namespaces: tuple[str, ...] = ()  # the namespaces served; empty: every namespace
     _locks: dict[str, asyncio.Lock] = field(default_factory=dict)
+    starts: Starts = field(init=False)  # WorkflowRuns being started, with backoff
+
+    def __post_init__(self) -> None:
+        self.starts = Starts(
+            self.settings.TREADLE_OPERATOR_RETRY_SECONDS,
+            self.settings.TREADLE_OPERATOR_RETRY_MAX_SECONDS,
+        )
 
     def lock(self, uid: str) -> asyncio.Lock:
         """One reconcile at a time per object (a timer and a change handler may overlap)."""
         return self._locks.setdefault(uid, asyncio.Lock())
+
+    def forget(self, uid: str) -> None:
+        """The object is gone: drop its lock (unless a reconcile holds it) and its start."""
+        held = self._locks.get(uid)
+        if held is not None and not held.locked():
+            del self._locks[uid]
+        self.starts.forget(uid)
+
+    def lock_count(self) -> int:
+        """How many objects' locks are held in memory (for the leak test)."""
+        return len(self._locks)

@@ -253,8 +253,27 @@ class ControlPlane:
              f"--service-account-signing-key-file={root / 'sa.key'}",
              "--disable-admission-plugins=ServiceAccount",
              # OpenShift's default: blockOwnerDeletion needs update on the owner's finalizers.
-             "--enable-admission-plugins=OwnerReferencesPermissionEnforcement"],
+             "--enable-admission-plugins=OwnerReferencesPermissionEnforcement",
+             f"--audit-policy-file={self._audit_policy()}", f"--audit-log-path={self.audit_log}",
+             "--audit-log-maxsize=200", "--audit-log-maxbackup=1"],
         )  # fmt: skip
+
+    @property
+    def audit_log(self) -> Path:
+        """The API server's audit log: every request of a service account (the operator runs
+        as the chart's), one JSON line each at ResponseComplete (tests count its calls)."""
+        return self.root / "logs" / "audit.log"
+
+    def _audit_policy(self) -> Path:
+        path = self.root / "audit-policy.yaml"
+        policy = {
+            "apiVersion": "audit.k8s.io/v1", "kind": "Policy",
+            "omitStages": ["RequestReceived"],
+            "rules": [{"level": "Metadata", "userGroups": ["system:serviceaccounts"]},
+                      {"level": "None"}],
+        }  # fmt: skip
+        path.write_text(yaml.safe_dump(policy))
+        return path
 
     def _spawn(self, name: str, argv: list[str]) -> None:
         log = self.root / "logs" / f"{name}.log"

@@ -110,9 +110,11 @@ class OperatorProcess:
     kubeconfig: Path
     proc: subprocess.Popen[bytes] | None = None
     also: tuple[str, ...] = ()  # more namespaces to serve
+    extra_env: dict[str, str] = field(default_factory=dict)  # over FAST (a test's own timings)
 
     def start(self) -> None:
         env = {**os.environ, **POD_ENV, **FAST, "KUBECONFIG": str(self.kubeconfig)}
+        env.update(self.extra_env)
         served = [arg for ns in (self.namespace, *self.also) for arg in ("--namespace", ns)]
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(

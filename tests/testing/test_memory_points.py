@@ -42,6 +42,7 @@ async def test_every_point_is_awaited_with_its_run_id() -> None:
     run_id = await _run(world)
     await world.runs.get(run_id)
     await world.runs.list()
+    await world.runs.count(deployment_id="d", limit=1)
     await world.events.create(run_id, events.AttrSet(key="a"), in_band=False)
     await world.events.create_batch(
         run_id, [events.StepCreated(correlation_id="s1", step_name="f")], in_band=False

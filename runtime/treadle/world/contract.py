@@ -188,6 +188,20 @@ class Runs(Protocol):
         """Runs, newest first, filtered; page on with ``next_cursor``."""
         ...
 
+    async def count(
+        self,
+        *,
+        statuses: Sequence[records.RunStatus] | None = None,
+        deployment_id: str | None = None,
+        limit: int | None = None,
+    ) -> int:
+        """How many runs match (``statuses``: any of them; ``None``: every status), in one
+        query, never a page walk. With ``limit`` the count stops there (``limit=1`` asks
+        "is there any?", which a World answers without counting the rest). An empty
+        ``statuses`` or a ``limit`` below 1 raises ``WorldContractError``
+        (``storagerules.check_count``)."""
+        ...
+
 
 class Events(Protocol):
     async def create(

@@ -19,6 +19,9 @@ from pydantic import JsonValue
 from treadle import errors
 from treadle.world import constants, events, ids
 
+# Every run status (``records.RunStatus``), for checking arguments.
+RUN_STATUSES: frozenset[str] = frozenset({"pending", "running", "completed", "failed", "cancelled"})
+
 
 def check_batch(run_id: str, batch: Sequence[events.Event]) -> None:
     """Refuse a whole batch the contract does not allow (empty, too long, a foreign event)."""
@@ -68,3 +71,23 @@ def check_same_run(
             "deployment; a run id names one run",
             run_id=run_id,
         )
+
+
+def check_count(statuses: Sequence[str] | None, limit: int | None) -> tuple[str, ...] | None:
+    """``runs.count``'s arguments, checked the same in every World: the statuses as a
+    tuple without repeats (``None``: any status)."""
+    if limit is not None and limit < 1:
+        raise errors.WorldContractError(f"runs.count needs limit >= 1 (or none), got {limit}")
+    if statuses is None:
+        return None
+    if isinstance(statuses, str):
+        raise errors.WorldContractError(
+            f"runs.count takes a sequence of statuses, not the string {statuses!r}"
+        )
+    unique = tuple(dict.fromkeys(statuses))
+    if not unique:
+        raise errors.WorldContractError("runs.count needs at least one status (or none at all)")
+    unknown = [s for s in unique if s not in RUN_STATUSES]
+    if unknown:
+        raise errors.WorldContractError(f"runs.count: unknown run status {unknown[0]!r}")
+    return unique

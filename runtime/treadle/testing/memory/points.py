@@ -34,6 +34,7 @@ POINTS: frozenset[str] = frozenset(
         "runs.create",
         "runs.get",
         "runs.list",
+        "runs.count",
         "events.create",
         "events.create_batch",
         "events.list",

@@ -120,6 +120,26 @@ class MemoryRuns(_Facade):
             next_cursor = f"{last.created_at.isoformat()}|{last.run_id}"
         return self._leave(fail, "runs.list", None, records.RunPage(page, next_cursor))
 
+    async def count(
+        self,
+        *,
+        statuses: Sequence[records.RunStatus] | None = None,
+        deployment_id: str | None = None,
+        limit: int | None = None,
+    ) -> int:
+        wanted = storagerules.check_count(statuses, limit)
+        fail = await self._enter("runs.count", None)
+        total = 0
+        for state in self._store.runs.values():
+            if limit is not None and total >= limit:
+                break
+            record = state.record
+            if (wanted is None or record.status in wanted) and (
+                deployment_id is None or record.deployment_id == deployment_id
+            ):
+                total += 1
+        return self._leave(fail, "runs.count", None, total)
+
 
 class MemoryEvents(_Facade):
     def __init__(self, backend: MemoryBackend, points: fault_points.Points) -> None:

@@ -15,7 +15,7 @@ import pytest
 from pydantic import JsonValue
 
 from treadle import errors
-from treadle.world import events, ids
+from treadle.world import events, ids, records
 from treadle.world.conformance import support
 from treadle.world.conformance.harness import WorldHarness
 
@@ -187,6 +187,41 @@ class StorageViewsConformance:
             assert all(r.status == "completed" for r in completed.runs)
             in_deployment = await world.runs.list(deployment_id=deployment)
             assert [r.run_id for r in in_deployment.runs] == [elsewhere.run_id]
+
+    async def test_runs_count_counts_matching_runs_in_one_call_up_to_its_limit(
+        self, harness: WorldHarness
+    ) -> None:
+        """runs.count(statuses, deployment_id, limit): the runs matching any of the statuses
+        on that deployment, stopping at the limit (limit=1 is "any?"); bad arguments are a
+        WorldContractError (review operator.md R5 (c): the operator's active-run count)."""
+        async with support.opened(harness) as world:
+            deployment, other = support.unique("dpl"), support.unique("dpl")
+            pending = [await support.new_run(world, deployment_id=deployment) for _ in range(3)]
+            running = await support.new_run(world, deployment_id=deployment)
+            await support.in_band(world, running.run_id, events.RunStarted())
+            ended = await support.new_run(world, deployment_id=deployment)
+            await support.in_band(world, ended.run_id, events.RunStarted())
+            await support.end_run(world, ended.run_id, "completed")
+            await support.new_run(world, deployment_id=other)
+            active: tuple[records.RunStatus, ...] = ("pending", "running")
+            assert await world.runs.count(statuses=active, deployment_id=deployment) == 4
+            assert await world.runs.count(statuses=["running"], deployment_id=deployment) == 1
+            assert await world.runs.count(statuses=["completed"], deployment_id=deployment) == 1
+            assert await world.runs.count(deployment_id=deployment) == 5
+            assert await world.runs.count(statuses=active, deployment_id=deployment, limit=2) == 2
+            assert await world.runs.count(statuses=active, deployment_id=deployment, limit=1) == 1
+            assert await world.runs.count(statuses=active, deployment_id=other) == 1
+            nobody = support.unique("dpl")
+            assert await world.runs.count(statuses=active, deployment_id=nobody, limit=1) == 0
+            assert await world.runs.count() >= 6
+            await support.end_run(world, pending[0].run_id, "cancelled")
+            assert await world.runs.count(statuses=active, deployment_id=deployment) == 3
+            with pytest.raises(errors.WorldContractError):
+                await world.runs.count(statuses=[], deployment_id=deployment)
+            with pytest.raises(errors.WorldContractError):
+                await world.runs.count(deployment_id=deployment, limit=0)
+            with pytest.raises(errors.WorldContractError):
+                await world.runs.count(statuses=["sleeping"])  # type: ignore[list-item]
 
     async def test_runs_list_pages_without_duplicates(self, harness: WorldHarness) -> None:
         """runs.list(limit=2) pages through next_cursor, each run exactly once."""

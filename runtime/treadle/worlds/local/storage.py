@@ -132,6 +132,15 @@ def _list_runs(
     ).fetchall()
 
 
+def _count_runs(
+    conn: sqlite3.Connection, where: list[str], params: list[object], limit: int | None
+) -> int:
+    clause = f"WHERE {' AND '.join(where)}" if where else ""
+    inner = f"SELECT 1 FROM runs {clause}" + (" LIMIT ?" if limit is not None else "")
+    args = (*params, limit) if limit is not None else tuple(params)
+    return int(conn.execute(f"SELECT count(*) FROM ({inner})", args).fetchone()[0])
+
+
 def _list_events(
     conn: sqlite3.Connection, run_id: str, after_slot: int, limit: int
 ) -> records.EventPage:
@@ -224,6 +233,26 @@ class LocalRuns:
             last = rows[limit - 1]
             next_cursor = f"{last[6]}:{last[0]}"
         return records.RunPage(runs=runs, next_cursor=next_cursor)
+
+    async def count(
+        self,
+        *,
+        statuses: Sequence[records.RunStatus] | None = None,
+        deployment_id: str | None = None,
+        limit: int | None = None,
+    ) -> int:
+        wanted = storagerules.check_count(statuses, limit)
+        where: list[str] = []
+        params: list[object] = []
+        if wanted is not None:
+            where.append(f"status IN ({', '.join('?' for _ in wanted)})")
+            params += wanted
+        if deployment_id is not None:
+            where.append("deployment_id = ?")
+            params.append(deployment_id)
+        return await self._db.call(
+            functools.partial(_count_runs, where=where, params=params, limit=limit)
+        )
 
 
 class LocalEvents:

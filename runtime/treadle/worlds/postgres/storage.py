@@ -139,6 +139,32 @@ class PostgresRuns:
             next_cursor = f"{rows.to_us(last.created_at)}:{last.run_id}"
         return records.RunPage(runs=runs, next_cursor=next_cursor)
 
+    async def count(
+        self,
+        *,
+        statuses: Sequence[records.RunStatus] | None = None,
+        deployment_id: str | None = None,
+        limit: int | None = None,
+    ) -> int:
+        wanted = storagerules.check_count(statuses, limit)
+        where: list[str] = []
+        params: list[object] = []
+        if wanted is not None:
+            params.append(list(wanted))
+            where.append(f"status = ANY(${len(params)}::treadle_run_status[])")
+        if deployment_id is not None:
+            params.append(deployment_id)
+            where.append(f"deployment_id = ${len(params)}")
+        clause = f"WHERE {' AND '.join(where)}" if where else ""
+        if limit is None:
+            sql = f"SELECT count(*) FROM treadle_runs {clause}"
+        else:  # stops at the limit: LIMIT 1 is an existence test
+            params.append(limit)
+            limited = f"SELECT 1 FROM treadle_runs {clause} LIMIT ${len(params)}"
+            sql = f"SELECT count(*) FROM ({limited}) t"
+        row = await self._db.fetchrow(sql, *params)
+        return int(row[0]) if row is not None else 0
+
 
 class PostgresEvents:
     def __init__(self, db: Database, feed: Feed) -> None:
