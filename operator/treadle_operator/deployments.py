@@ -196,7 +196,8 @@ async def reconcile(state: State, body: dict[str, Any]) -> None:
             spec.mirror_runs,
             _mirror_ttl(spec.mirror_runs_ttl_seconds_after_finished),
         )
-    await rollout.promote(world, plan.status.latest_revision)
+    own = frozenset(r.id for r in plan.status.revisions)
+    await rollout.promote(world, plan.status.latest_revision, own)
     plan = await rollout.retire(state, namespace, world, plan, active_runs)
     acted = await pinned.act(world, spec, plan.status, namespace=namespace, name=name)
 

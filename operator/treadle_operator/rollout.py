@@ -28,13 +28,23 @@ from treadle_operator.state import State
 log = logging.getLogger("treadle.operator.rollout")
 
 
-async def promote(world: contract.World, latest: str | None) -> None:
-    """Make the operator's latest the World's latest (once per revision)."""
+async def promote(
+    world: contract.World, latest: str | None, own: frozenset[str] = frozenset()
+) -> None:
+    """Make the operator's latest the World's latest.
+
+    Once per revision, unless the World's latest is another of ``own`` (this
+    WorkflowDeployment's revisions): a rollback reuses a revision promoted before,
+    and must be promoted again over the bad one. A newer revision of another
+    WorkflowDeployment sharing the World is left latest (no taking turns).
+    """
     if latest is None:
         return
     record = await world.deployments.get(latest)
     if record is not None and record.promoted:
-        return
+        current = await world.deployments.latest()
+        if current == latest or current not in own:
+            return
     try:
         await world.deployments.promote(latest)
     except engine_errors.DeploymentRetired:
