@@ -11,7 +11,7 @@ from typing import cast
 import pytest
 
 from treadle.world import contract
-from treadle.world.conformance import storage, storage_views
+from treadle.world.conformance import repin, storage, storage_views
 from treadle.world.conformance.harness import WorldHarness
 from treadle.worlds.postgres import PostgresStorage
 
@@ -59,4 +59,8 @@ class TestPostgresStorage(storage.StorageConformance):
 
 
 class TestPostgresStorageViews(storage_views.StorageViewsConformance):
+    pass
+
+
+class TestPostgresRepin(repin.RepinConformance):
     pass

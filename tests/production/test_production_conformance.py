@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from treadle.world.conformance import queue, queue_gating, storage, storage_views
+from treadle.world.conformance import queue, queue_gating, repin, storage, storage_views
 
 
 class TestProductionStorage(storage.StorageConformance):
@@ -18,4 +18,8 @@ class TestProductionQueue(queue.QueueConformance):
 
 
 class TestProductionQueueGating(queue_gating.QueueGatingConformance):
+    pass
+
+
+class TestProductionRepin(repin.RepinConformance):
     pass

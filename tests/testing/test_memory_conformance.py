@@ -6,7 +6,7 @@ import pytest
 
 from treadle.testing.memory import MemoryBackend, MemoryWorld
 from treadle.world import contract
-from treadle.world.conformance import queue, queue_gating, storage, storage_views
+from treadle.world.conformance import queue, queue_gating, repin, storage, storage_views
 from treadle.world.conformance.harness import WorldHarness
 
 
@@ -38,4 +38,8 @@ class TestMemoryQueue(queue.QueueConformance):
 
 
 class TestMemoryQueueGating(queue_gating.QueueGatingConformance):
+    pass
+
+
+class TestMemoryRepin(repin.RepinConformance):
     pass

@@ -7,7 +7,14 @@ from pathlib import Path
 import pytest
 
 from treadle.world import contract
-from treadle.world.conformance import queue, queue_gating, queue_leases, storage, storage_views
+from treadle.world.conformance import (
+    queue,
+    queue_gating,
+    queue_leases,
+    repin,
+    storage,
+    storage_views,
+)
 from treadle.world.conformance.harness import WorldHarness
 from treadle.worlds.local import LocalWorld
 
@@ -44,4 +51,8 @@ class TestLocalQueueGating(queue_gating.QueueGatingConformance):
 
 
 class TestLocalQueueLeases(queue_leases.QueueLeaseConformance):
+    pass
+
+
+class TestLocalRepin(repin.RepinConformance):
     pass

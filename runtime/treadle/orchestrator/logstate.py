@@ -129,6 +129,9 @@ class LogState:
                 self.open_hooks.discard(e.correlation_id)
             case events.WakeRequested() as e:
                 self.wake_requests.append((logged.slot, e.waits))
+            case events.RunRepinned() as e:
+                # The run moved (``runs.repin``): from here on it is the new deployment's.
+                self.deployment_id = e.to_deployment
             case _:
                 pass
 

@@ -34,6 +34,7 @@ POINTS: frozenset[str] = frozenset(
         "runs.create",
         "runs.get",
         "runs.list",
+        "runs.repin",
         "events.create",
         "events.create_batch",
         "events.list",
