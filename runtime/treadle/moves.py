@@ -100,8 +100,9 @@ async def move_run(
     mover, unknown or retired target), ``RunNotFound``; nothing is written then.
     """
     run = await world.runs.get(run_id)
-    if run.deployment_id == to_deployment and not run.is_terminal:
-        await _wake(world, run)  # a retried move: the first one's wake may be lost
+    if run.deployment_id == to_deployment:
+        if not run.is_terminal:
+            await _wake(world, run)  # a retried move: the first one's wake may be lost
         return Moved(run, to_deployment, to_deployment, "already_there")
     source = await world.deployments.get(run.deployment_id)
     target = await world.deployments.get(to_deployment)
