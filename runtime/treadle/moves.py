@@ -1,6 +1,7 @@
 """Moving a run to another deployment revision (issue 11 item 5): one sequence, one place.
 
-``move_run`` is what ``treadle runs move`` and the operator's ``MoveRuns`` call:
+``move_run`` is what ``treadle runs move`` calls, ``move_runs`` (the same per run) what
+the operator's ``MoveRuns`` calls:
 
 1. **Compatibility.** The run's workflow must declare the same non-empty tag
    (``@app.workflow(compatible="orders-v3")``) in the catalogues both deployments'
@@ -25,7 +26,8 @@ wake was lost), the wake is sent again and the move reported as done.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Literal
 
 from treadle import errors
@@ -106,6 +108,62 @@ async def move_run(
         return Moved(run, to_deployment, to_deployment, "already_there")
     source = await world.deployments.get(run.deployment_id)
     target = await world.deployments.get(to_deployment)
+    return await _move(world, run, source, target, to_deployment, reason)
+
+
+@dataclass(slots=True)
+class Tally:
+    """What ``move_runs`` did: runs moved, and the runs left behind by why."""
+
+    moved: int = 0
+    skipped: dict[str, int] = field(default_factory=dict)
+
+    def skip(self, why: str) -> None:
+        self.skipped[why] = self.skipped.get(why, 0) + 1
+
+
+async def move_runs(
+    world: contract.World,
+    run_ids: Iterable[str],
+    *,
+    from_deployment: str,
+    to_deployment: str,
+    reason: str | None = None,
+) -> Tally:
+    """``move_run`` for many runs of one deployment (the operator's ``MoveRuns``), reading
+    both deployments once. A run that ended or moved meanwhile is neither moved nor
+    skipped; one whose workflow is not compatible is skipped, with why."""
+    tally = Tally()
+    source = await world.deployments.get(from_deployment)
+    target = await world.deployments.get(to_deployment)
+    for run_id in run_ids:
+        try:
+            run = await world.runs.get(run_id)
+            if run.deployment_id != from_deployment or run.is_terminal:
+                continue
+            await _move(world, run, source, target, to_deployment, reason)
+        except errors.RunNotMovable as exc:
+            tally.skip(exc.reason)
+            continue
+        except errors.RunNotRepinned as exc:
+            if exc.reason in ("unknown_target", "retired_target"):
+                raise
+            continue  # ended or moved meanwhile
+        except errors.RunNotFound:
+            continue
+        tally.moved += 1
+    return tally
+
+
+async def _move(
+    world: contract.World,
+    run: records.RunRecord,
+    source: records.DeploymentRecord | None,
+    target: records.DeploymentRecord | None,
+    to_deployment: str,
+    reason: str | None,
+) -> Moved:
+    run_id = run.run_id
     if target is not None and not target.retired and not run.is_terminal:
         why = why_incompatible(run.workflow_name, source, target)
         if why is not None:
