@@ -53,7 +53,9 @@ async def test_0006_refuses_a_stale_step_started(empty_dsn: str) -> None:
         await _append(conn, run_id, _start(1))  # 0005 stores it: the defect
     finally:
         await conn.close()
-    assert await migrate_module.migrate(empty_dsn) == [6]
+    assert await migrate_module.migrate(empty_dsn) == list(
+        range(6, migrate_module.latest_version() + 1)
+    )
     async with await PostgresStorage.connect(empty_dsn) as storage:
         listed = await storage.events.list(run_id)
         starts = [e.event for e in listed.events if isinstance(e.event, events.StepStarted)]
