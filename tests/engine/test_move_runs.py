@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from treadle import Workflows, errors, moves, sleep
+from treadle import Hook, Workflows, errors, moves, sleep
 from treadle.sdk import catalogue
 from treadle.world import contract, events
 from treadle.worlds.local import LocalWorld
@@ -136,3 +136,59 @@ async def test_a_move_between_different_tags_is_refused_and_the_run_stays(
     assert (after.deployment_id, after.seq) == ("orders-a", before.seq)
     assert await run.result(timeout=30) == "shipped o-2"
     assert ran == [("before", "orders-a"), ("after", "orders-a")]
+
+
+class Go(Hook):
+    ok: bool
+
+
+async def test_a_run_moved_while_its_old_orchestrator_lingers_on_it_continues_on_the_new(
+    open_world: OpenWorld, make_app: MakeApp
+) -> None:
+    """Found by tests/k8s/test_operator_moves.py: a delivery lingering on a run (a hook is
+    open: WORKFLOW_ORCHESTRATOR_LINGER_MS) took the events written after the move and ran
+    the next step on the old code. Now a delivery that reads ``run_repinned`` stops and
+    re-routes; the step after the hook runs on B while A's worker is still up."""
+    first = await open_world()
+    if isinstance(first, LocalWorld):
+        await first.close()
+        # One local queue feeds every worker on it: two deployments' workers on one local
+        # World re-route each other's messages, so only Postgres + NATS has the scenario.
+        print("local World: two live deployments' workers do not share one local queue")
+        return
+    await first.close()
+    world_a = await open_world(deployment_id="orders-a")
+    world_b = await open_world(deployment_id="orders-b")
+    ran: list[tuple[str, str]] = []
+
+    def serve(app: Workflows) -> None:
+        where = app.settings.TREADLE_DEPLOYMENT_ID
+
+        @app.step
+        async def mark(label: str) -> str:
+            ran.append((label, where))
+            return label
+
+        @app.workflow(name="approve", compatible="approve-v1")
+        async def approve(order_id: str) -> str:
+            await mark("before")
+            answer = await Go.wait(token=f"go:{order_id}")
+            await mark("after")
+            return f"{order_id}:{answer.ok}"
+
+    app_a = make_app(world=world_a, TREADLE_DEPLOYMENT_ID="orders-a",
+                     WORKFLOW_ORCHESTRATOR_LINGER_MS=20000)  # fmt: skip
+    serve(app_a)
+    app_b = make_app(world=world_b, TREADLE_DEPLOYMENT_ID="orders-b")
+    serve(app_b)
+    await app_b.world()
+    run = await app_a.start("approve", "o-3")
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 20
+    while not any(e.type == "hook_created" for e in (await world_a.events.list(run.run_id)).events):
+        assert loop.time() < deadline, "the run never opened its hook"
+        await asyncio.sleep(0.05)
+    await moves.move_run(world_b, run.run_id, to_deployment="orders-b")
+    await app_b.resume_hook("go:o-3", {"ok": True})
+    assert await app_b.get_run(run.run_id).result(timeout=30) == "o-3:True"
+    assert ran == [("before", "orders-a"), ("after", "orders-b")]
