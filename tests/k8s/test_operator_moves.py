@@ -34,7 +34,8 @@ def test_move_runs_moves_a_waiting_run_to_the_new_revision_where_it_finishes(
     shop: Shop,
 ) -> None:
     """MoveRuns: the World run's deployment becomes B (``run_repinned`` in its log), the
-    run completes on B after its hook, and the drained A retires."""
+    run completes on B after its hook (the WorkflowRun's revision follows), a Normal Event
+    says how many moved, and the drained A retires."""
     old = shop.latest()
     _patch(shop, {"retireAfterSeconds": 0})
     shop.start("moving", "approval", {"order_id": "mv"})
@@ -62,4 +63,12 @@ def test_move_runs_moves_a_waiting_run_to_the_new_revision_where_it_finishes(
     assert resumed.returncode == 0, resumed.stderr
     done = shop.phase("moving", "Completed", timeout=90)
     assert json.loads(done["output"]) == {"approved": True, "before": "shop:1", "after": "shop:2"}
+    assert done["revision"] == new, "the WorkflowRun shows the revision the run is on now"
     wait_for(lambda: _revisions(shop)[old]["phase"] == "Retired" or None, 60, what="A retired")
+    events = shop.kube.rest.get(
+        f"/api/v1/namespaces/{shop.namespace}/events"
+        f"?fieldSelector=involvedObject.name={shop.deployment}"
+    )["items"]
+    assert f"revision {old}: 1 pinned run(s) moved to revision {new} (hotfix)" in [
+        e["message"] for e in events if e["reason"] == "RevisionAction" and e["type"] == "Normal"
+    ]
