@@ -156,11 +156,19 @@ class DrainingSpec(_Model):
 class RevisionAction(_Model):
     """What to do with the runs pinned to one (non-latest) revision (``pinned``)."""
 
-    action: Literal["CancelRuns"] = Field(
-        description="CancelRuns: cancel every run of the revision that has not ended"
+    action: Literal["CancelRuns", "MoveRuns"] = Field(
+        description="CancelRuns: cancel every run of the revision that has not ended; "
+        "MoveRuns: move each such run whose workflow declares the same compatible tag in "
+        "both revisions to the revision named by `to`"
     )
     reason: str | None = Field(
-        default=None, max_length=512, description="recorded with each cancel"
+        default=None, max_length=512, description="recorded with each cancel or move"
+    )
+    to: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=253,
+        description="MoveRuns: the revision id to move the runs to (ready, not retired)",
     )
 
 
@@ -220,7 +228,8 @@ class WorkflowDeploymentSpec(_Model):
     revisions: dict[str, RevisionAction] | None = Field(
         default=None,
         description="actions on the runs pinned to a revision, by revision id (e.g. "
-        "{my-rev: {action: CancelRuns}}); never on the latest revision",
+        "{my-rev: {action: CancelRuns}} or {my-rev: {action: MoveRuns, to: other-rev}}); "
+        "never on the latest revision",
     )
     retire_after_seconds: int = Field(
         default=60,

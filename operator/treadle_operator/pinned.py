@@ -16,10 +16,15 @@ WorkflowDeployment may do to the runs pinned to one.
   Draining revision that has not ended (each reconcile, so a run that comes
   back to life is cancelled too); the revision then drains and retires. Never
   on a revision that takes new runs (a Warning Event says so, once).
+- ``act``: ``spec.revisions.<id>: {action: MoveRuns, to: <revision>}`` moves each
+  run of a Draining revision that has not ended, and whose workflow declares the
+  same non-empty ``compatible`` tag in both revisions' catalogues, to ``to``
+  (``treadle.moves.move_runs``: repin + recovery wake); never to a retired, unknown
+  or not-ready revision. Runs left behind are named in a Warning Event (once per
+  distinct text), the moved count in a Normal one.
 - ``with_hashes``: the pod-template hash each revision's workers run, in status.
 
-Moving pinned runs to another revision is designed, not built: see
-docs/operator-templates.md, "Moving pinned runs".
+See docs/operator-templates.md, "Moving pinned runs".
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from treadle import errors as engine_errors
+from treadle import moves
 from treadle.world import contract, events
 from treadle.world.messages import MessageKind
 from treadle.world.records import RunStatus
@@ -142,6 +148,12 @@ async def act(
             )
             continue
         reason = action.reason or f"revision {revision_id}: spec.revisions {action.action}"
+        if action.action == "MoveRuns":
+            moved, held = await _move(world, revision_id, action.to, live, reason)
+            refused |= held
+            if moved:
+                notes.append((f"revision {revision_id}: {moved}", False))
+            continue
         cancelled = await cancel_runs(world, revision_id, reason)
         if cancelled:
             notes.append(
@@ -152,6 +164,39 @@ async def act(
     _posted[key] = frozenset(refused)
     notes.extend((text, True) for text in sorted(fresh))
     return notes
+
+
+async def _move(
+    world: contract.World,
+    revision_id: str,
+    to: str | None,
+    live: dict[str, RevisionStatus],
+    reason: str,
+) -> tuple[str | None, set[str]]:
+    """``MoveRuns``: (the note of what moved, or None; the warnings to post once)."""
+    where = f"spec.revisions[{revision_id}]: MoveRuns"
+    target = live.get(to) if to is not None else None
+    if to is None or to == revision_id:
+        return None, {f"{where} refused: `to` must name another revision of this object"}
+    if target is None:
+        return None, {f"{where} refused: revision {to} is not a live revision of this object"}
+    if not target.ready:
+        return None, {f"{where} refused: revision {to} is not ready (its workers are not up)"}
+    try:
+        tally = await moves.move_runs(
+            world, await active_run_ids(world, revision_id), from_deployment=revision_id,
+            to_deployment=to, reason=reason,
+        )  # fmt: skip
+    except engine_errors.RunNotRepinned as exc:
+        return None, {f"{where} refused: {exc.detail}"}
+    held = {
+        f"{where}: {count} run(s) stay on revision {revision_id}: {why}"
+        for why, count in sorted(tally.skipped.items())
+    }
+    if not tally.moved:
+        return None, held
+    log.warning("revision %s: %d run(s) moved to %s (%s)", revision_id, tally.moved, to, reason)
+    return f"{tally.moved} pinned run(s) moved to revision {to} ({reason})", held
 
 
 async def cancel_runs(world: contract.World, revision: str, reason: str) -> int:

@@ -228,22 +228,37 @@ class Workflows:
     def workflow(self, fn: Callable[P, Awaitable[R]], /) -> functions.WorkflowFunction[P, R]: ...
     @overload
     def workflow(
-        self, /, *, name: str | None = None, start_on_latest: bool = False
+        self,
+        /,
+        *,
+        name: str | None = None,
+        start_on_latest: bool = False,
+        compatible: str | None = None,
     ) -> Callable[[Callable[P, Awaitable[R]]], functions.WorkflowFunction[P, R]]: ...
 
     def workflow(
-        self, fn: Any = None, /, *, name: str | None = None, start_on_latest: bool = False
+        self,
+        fn: Any = None,
+        /,
+        *,
+        name: str | None = None,
+        start_on_latest: bool = False,
+        compatible: str | None = None,
     ) -> Any:
         """Register an ``async def`` as a workflow (``@app.workflow`` or ``(name=...)``).
 
         ``start_on_latest=True``: its new runs start on the World's latest deployment
         rather than the starter's, so a chain of runs moves to new code (seed 004).
+        ``compatible="orders-v3"``: the promise that this code replays the logs of any
+        revision whose workflow of this name declares the same tag, so its runs may be
+        moved here (``treadle runs move``, the operator's ``MoveRuns``).
         """
 
         def register(f: Callable[..., Awaitable[Any]]) -> functions.WorkflowFunction[..., Any]:
             wf: functions.WorkflowFunction[..., Any] = functions.WorkflowFunction(
-                f, name=name or f.__name__, start_on_latest=start_on_latest
-            )
+                f, name=name or f.__name__, start_on_latest=start_on_latest,
+                compatible=compatible,
+            )  # fmt: skip
             if wf.name in self._workflows:
                 raise ValueError(f"a workflow named {wf.name!r} is registered already")
             self._workflows[wf.name] = wf

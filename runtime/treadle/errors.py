@@ -19,6 +19,7 @@ its message names them too::
     │   ├── CorruptedEventLog         replay kept diverging from the log
     │   ├── DeploymentMismatch        the run's deployment cannot be reached
     │   ├── WorkflowNotFound          no workflow registered under that name
+    │   ├── RunNotMovable             a move between revisions whose workflow tags differ
     │   ├── RunFailedError            ``run.result()`` of a run that failed
     │   └── RunCancelledError         ``run.result()`` of a run that was cancelled
     ├── HookWakeFailed                resume_hook recorded the payload but could not wake the run
@@ -28,6 +29,7 @@ its message names them too::
         ├── WorldContractError        the caller broke the World contract (a bug, not load)
         ├── RunNotFound               no run with that id
         ├── RunExpired                the run is terminal; the write is refused
+        ├── RunNotRepinned            runs.repin refused (moved already, ended, bad target)
         ├── RunNotSupported           the run's format (spec version) is unknown here; no write
         ├── StepAlreadyEnded          a step_started or a second outcome for a step that has one
         ├── StaleStepStart            a step_started whose attempt is not past the latest started
@@ -57,6 +59,7 @@ refusal leaves the writer's count unchanged.
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Literal
 
 
 class TreadleError(Exception):
@@ -176,6 +179,18 @@ class WorkflowNotFound(WorkflowError):
     """No workflow is registered under this name."""
 
 
+class RunNotMovable(WorkflowError):
+    """A run cannot be moved to another revision: its workflow does not declare the same
+    compatibility tag in both revisions' catalogues (``@app.workflow(compatible=...)``).
+    Nothing was written."""
+
+    def __init__(self, run_id: str, *, workflow: str, reason: str) -> None:
+        super().__init__(f"run {run_id} ({workflow}) is not moved: {reason}")
+        self.run_id = run_id
+        self.workflow = workflow
+        self.reason = reason
+
+
 class RunFailedError(WorkflowError):
     """The run failed; ``error_type`` and ``error_message`` are what it recorded."""
 
@@ -288,6 +303,20 @@ class RunExpired(WorldError):
         )
         self.status = status
         self.event_type = event_type
+
+
+RepinRefusal = Literal["not_on_from", "ended", "unknown_target", "retired_target"]
+
+
+class RunNotRepinned(WorldError):
+    """``runs.repin`` refused, nothing written: the run is no longer on ``from_deployment``
+    (``not_on_from``: moved already, or never there), it ``ended``, or the target is
+    unknown (``unknown_target``) or retired (``retired_target``)."""
+
+    def __init__(self, run_id: str, *, reason: RepinRefusal, detail: str) -> None:
+        super().__init__(f"run {run_id} is not repinned: {detail}", run_id=run_id)
+        self.reason: RepinRefusal = reason
+        self.detail = detail
 
 
 class StepAlreadyEnded(WorldError):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from tests.cli.conftest import Cli
+from tests.cli.conftest import Cli, one_error_line
 
 EVENT_FIELDS = {
     "slot",
@@ -83,4 +83,47 @@ def test_settings_lists_every_setting(cli: Cli) -> None:
     assert all(
         set(row) == {"name", "default", "value", "from_environment", "description"}
         for row in rows.values()
+    )
+
+
+def test_runs_move_moves_a_run_between_compatible_deployments_only(cli: Cli) -> None:
+    """Issue 11 item 5: ``treadle runs move RUN --to DEPLOYMENT`` repins a run whose workflow
+    declares the same compatible tag in both catalogues (the log shows run_repinned); a
+    different tag or a retired target is one error line, exit 2, and nothing moves."""
+    import asyncio
+
+    from treadle.worlds.local import LocalWorld
+
+    run_id = cli.json("start", "flows.py:hi", "--input", '{"name": "m"}')["run_id"]
+    source = cli.json("runs", "get", run_id)["deployment_id"]
+
+    async def register() -> None:
+        world = await LocalWorld(cli.cwd / "w").open()
+        try:
+            for deployment, tag in ((source, "hi-1"), ("blue", "hi-1"), ("green", "hi-2")):
+                entry = {"hi": {"params": [], "compatible": tag}}
+                await world.deployments.register(deployment, catalogue=entry)
+            await world.deployments.register("gone", catalogue={"hi": {"compatible": "hi-1"}})
+            await world.deployments.retire("gone")
+        finally:
+            await world.close()
+
+    asyncio.run(register())
+    refused = cli("runs", "move", run_id, "--to", "green")
+    assert refused.returncode == 2
+    assert "compatible='hi-1' in deployment" in one_error_line(refused)
+    retired = cli("runs", "move", run_id, "--to", "gone")
+    assert retired.returncode == 2 and "deployment gone is retired" in one_error_line(retired)
+    assert cli.json("runs", "get", run_id)["deployment_id"] == source
+
+    moved = cli.json("runs", "move", run_id, "--to", "blue", "--reason", "hotfix")
+    assert moved == {"run_id": run_id, "from": source, "to": "blue", "outcome": "moved"}
+    assert cli.json("runs", "get", run_id)["deployment_id"] == "blue"
+    last = cli.json("inspect", run_id)["events"][-1]
+    assert (last["type"], last["in_band"]) == ("run_repinned", False)
+    assert last["event"]["reason"] == "hotfix"
+    again = cli("runs", "move", run_id, "--to", "blue")
+    assert (again.returncode, again.stdout) == (
+        0,
+        f"run {run_id} is on blue already; woken there\n",
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,9 @@ MakeApp = Callable[..., Workflows]
 
 
 # ``open_world()`` opens the World under test with TUNING; ``open_world(tuning)`` with
-# another queue tuning (a short lease, for the overlap tests).
+# another queue tuning (a short lease, for the overlap tests). On Postgres + NATS,
+# ``open_world(deployment_id=...)`` opens a World consuming that deployment's subjects
+# (the local World takes no deployment_id: one local World serves every deployment).
 OpenWorld = Callable[..., Awaitable[Any]]
 
 
@@ -48,8 +51,15 @@ def open_world(request: pytest.FixtureRequest, tmp_path: Path) -> OpenWorld:
         request.getfixturevalue("pg_dsn"), request.getfixturevalue("nats_server").url, "local"
     )
 
-    async def production(tuning: contract.QueueTuning | None = None) -> Any:
-        return await harness.open(tuning or TUNING)
+    async def production(
+        tuning: contract.QueueTuning | None = None, *, deployment_id: str | None = None
+    ) -> Any:
+        if deployment_id is None:
+            return await harness.open(tuning or TUNING)
+        # Another deployment's World on the same database and stream (its own consumers).
+        other = copy.copy(harness)
+        other.deployment_id = deployment_id
+        return await other.open(tuning or TUNING)
 
     return production
 

@@ -28,7 +28,9 @@ async def greet(name: str) -> dict[str, str]:
     return {"hello": name, "image": await where()}
 
 
-@app.workflow
+# Every image of this file runs the same code: its runs may move between revisions
+# (``spec.revisions.<id>: {action: MoveRuns}``, tests/k8s/test_operator_moves.py).
+@app.workflow(compatible="approval-v1")
 async def approval(order_id: str) -> dict[str, object]:
     before = await where()
     answer = await Approval.wait(token=f"approve:{order_id}")

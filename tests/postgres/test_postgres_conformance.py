@@ -11,7 +11,7 @@ from typing import cast
 import pytest
 
 from treadle.world import contract
-from treadle.world.conformance import changes, storage, storage_views
+from treadle.world.conformance import changes, repin, storage, storage_views
 from treadle.world.conformance.harness import WorldHarness
 from treadle.worlds.postgres import PostgresStorage
 
@@ -64,4 +64,8 @@ class TestPostgresStorageViews(storage_views.StorageViewsConformance):
 
 
 class TestPostgresChanges(changes.ChangesConformance):
+    pass
+
+
+class TestPostgresRepin(repin.RepinConformance):
     pass

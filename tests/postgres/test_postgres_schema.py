@@ -119,6 +119,9 @@ async def test_every_event_type_round_trips_through_jsonb(pg_dsn: str) -> None:
         ]  # fmt: skip
         for event in sent:
             await storage.events.create(run.run_id, event, in_band=False)
+        await storage.deployments.register("d2")
+        await storage.runs.repin(run.run_id, from_deployment="d", to_deployment="d2", reason="é")
+        repinned = events.RunRepinned(from_deployment="d", to_deployment="d2", reason="é")
         await storage.events.create(
             holder.run_id, events.HookCreated(correlation_id="h9", token="held"), in_band=False
         )
@@ -134,7 +137,7 @@ async def test_every_event_type_round_trips_through_jsonb(pg_dsn: str) -> None:
         created = page.events[0].event
         assert isinstance(created, events.RunCreated)
         assert (created.input, created.attributes) == (payload, {"team": {"a": 1, "b": 2}})
-        assert [e.event for e in page.events[1:]] == [*sent, conflict.event.event, failed]
+        assert [e.event for e in page.events[1:]] == [*sent, repinned, conflict.event.event, failed]
         stored_types = {e.type for e in page.events} | {"run_completed", "run_cancelled"}
         assert stored_types == events.EVENT_TYPES
         for ending in (events.RunCompleted(output=payload), events.RunCancelled(reason="r")):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from treadle.world.conformance import changes, queue, queue_gating, storage, storage_views
+from treadle.world.conformance import changes, queue, queue_gating, repin, storage, storage_views
 
 
 class TestProductionStorage(storage.StorageConformance):
@@ -27,3 +27,7 @@ class TestProductionChanges(changes.ChangesConformance):
 
 class TestProductionBacklog(changes.BacklogConformance):
     backlog_deployment = "prod"  # the harness's queue consumes for it (conftest)
+
+
+class TestProductionRepin(repin.RepinConformance):
+    pass

@@ -6,7 +6,7 @@ import pytest
 
 from treadle.testing.memory import MemoryBackend, MemoryWorld
 from treadle.world import contract
-from treadle.world.conformance import changes, queue, queue_gating, storage, storage_views
+from treadle.world.conformance import changes, queue, queue_gating, repin, storage, storage_views
 from treadle.world.conformance.harness import WorldHarness
 
 
@@ -46,4 +46,8 @@ class TestMemoryChanges(changes.ChangesConformance):
 
 
 class TestMemoryBacklog(changes.BacklogConformance):
+    pass
+
+
+class TestMemoryRepin(repin.RepinConformance):
     pass

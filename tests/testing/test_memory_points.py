@@ -58,6 +58,8 @@ async def test_every_point_is_awaited_with_its_run_id() -> None:
     await world.deployments.get("d")
     await world.deployments.latest()
     await world.deployments.promote("d")
+    await world.deployments.register("d2")
+    await world.runs.repin(run_id, from_deployment="d", to_deployment="d2")
     await world.deployments.retire("d")
 
     async def slow(message: object, meta: messages.DeliveryMeta) -> messages.Ack:
@@ -72,6 +74,7 @@ async def test_every_point_is_awaited_with_its_run_id() -> None:
     assert interceptor.points() == POINTS
     assert ("queue.settle", run_id) in interceptor.seen
     assert ("events.create", run_id) in interceptor.seen
+    assert ("runs.repin", run_id) in interceptor.seen
 
 
 async def test_a_raise_fails_the_call_before_anything_is_written() -> None:

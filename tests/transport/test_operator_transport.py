@@ -63,6 +63,7 @@ def test_worker_pods_get_the_transport_keys_by_reference_and_as_mounted_files() 
     assert volume["secret"]["defaultMode"] == 0o440
     files = {i["key"] for i in volume["secret"]["items"]}
     assert files == {
+        "database-url", "nats-url",  # the URLs are files too (TREADLE_*_URL_FILE, R9)
         "nats-tls-ca", "nats-tls-cert", "nats-tls-key",
         "database-sslrootcert", "database-sslcert", "database-sslkey",
     }  # fmt: skip
@@ -73,14 +74,17 @@ def test_worker_pods_get_the_transport_keys_by_reference_and_as_mounted_files() 
     } in container["volumeMounts"]
 
 
-def test_a_secret_without_transport_keys_changes_nothing() -> None:
+def test_a_secret_without_transport_keys_mounts_only_the_urls() -> None:
     pod = deployment(frozenset())["spec"]["template"]["spec"]  # type: ignore[index]
-    # Only the restricted pod's /tmp (podsecurity): no Secret volume.
-    assert [v["name"] for v in pod["volumes"]] == ["tmp"]
-    assert [m["name"] for m in pod["containers"][0]["volumeMounts"]] == ["tmp"]
-    names = [e["name"] for e in pod["containers"][0]["env"]]
-    assert names == ["TREADLE_WORLD", "TREADLE_DEPLOYMENT_ID", "TREADLE_DATABASE_URL",
-                     "TREADLE_NATS_URL", "TREADLE_PAYLOAD_KEY"]  # fmt: skip
+    # The restricted pod's /tmp (podsecurity) and the World Secret's URL files (R9); no
+    # transport file among them.
+    assert [v["name"] for v in pod["volumes"]] == ["tmp", "treadle-world-files"]
+    (volume,) = [v for v in pod["volumes"] if "secret" in v]
+    assert {i["key"] for i in volume["secret"]["items"]} == {"database-url", "nats-url"}
+    assert [m["name"] for m in pod["containers"][0]["volumeMounts"]] == [
+        "tmp",
+        "treadle-world-files",
+    ]
 
 
 def secret_data(secure_pg: SecurePostgres, secure_nats: SecureNats, pki: Pki) -> dict[str, str]:

@@ -12,6 +12,7 @@ from treadle.world.conformance import (
     queue,
     queue_gating,
     queue_leases,
+    repin,
     storage,
     storage_views,
 )
@@ -59,4 +60,8 @@ class TestLocalChanges(changes.ChangesConformance):
 
 
 class TestLocalBacklog(changes.BacklogConformance):
+    pass
+
+
+class TestLocalRepin(repin.RepinConformance):
     pass

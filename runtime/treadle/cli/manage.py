@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic_core import PydanticUndefined
 
-from treadle import clock, errors, payloads, redaction, settings
+from treadle import clock, errors, moves, payloads, redaction, settings
 from treadle.cli import common, output
 from treadle.client import Workflows
 from treadle.world import contract, records
@@ -108,6 +108,28 @@ async def cmd_runs_wake(args: argparse.Namespace) -> int:
     else:
         noun = "sleep" if asked == 1 else "sleeps"
         output.out(f"run {run.run_id}: asked {asked} {noun} to end now")
+    return common.OK
+
+
+async def cmd_runs_move(args: argparse.Namespace) -> int:
+    """``treadle runs move RUN --to DEPLOYMENT``: ``treadle.moves.move_run`` (repin + wake)."""
+    async with _client(args) as app:
+        run = await _existing(app, args.run)
+        try:
+            moved = await moves.move_run(
+                await app.world(), run.run_id, to_deployment=args.to, reason=args.reason
+            )
+        except (errors.RunNotMovable, errors.RunNotRepinned) as exc:
+            raise common.UsageError(str(exc)) from None
+    if args.json:
+        output.emit_json(
+            {"run_id": run.run_id, "from": moved.from_deployment, "to": moved.to_deployment,
+             "outcome": moved.outcome}
+        )  # fmt: skip
+    elif moved.outcome == "moved":
+        output.out(f"run {run.run_id} moved from {moved.from_deployment} to {moved.to_deployment}")
+    else:
+        output.out(f"run {run.run_id} is on {moved.to_deployment} already; woken there")
     return common.OK
 
 

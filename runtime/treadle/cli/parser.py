@@ -88,7 +88,7 @@ def build_parser() -> Parser:
     )
     start.set_defaults(handler=execute.cmd_start)
 
-    runs = commands.add_parser("runs", help="list, show, cancel or wake runs")
+    runs = commands.add_parser("runs", help="list, show, cancel, wake or move runs")
     runs_commands = runs.add_subparsers(dest="runs_command", metavar="COMMAND", required=True)
     listing = runs_commands.add_parser("list", parents=shared, help="runs, newest first")
     listing.add_argument("--status", choices=sorted(get_args(records.RunStatus)))
@@ -105,6 +105,14 @@ def build_parser() -> Parser:
     wake = runs_commands.add_parser("wake", parents=shared, help="end a run's sleeps now")
     wake.add_argument("run", metavar="RUN")
     wake.set_defaults(handler=manage.cmd_runs_wake)
+    move = runs_commands.add_parser(
+        "move", parents=shared,
+        help="move a run to another deployment whose workflow declares the same compatible tag",
+    )  # fmt: skip
+    move.add_argument("run", metavar="RUN")
+    move.add_argument("--to", required=True, metavar="DEPLOYMENT")
+    move.add_argument("--reason", metavar="TEXT")
+    move.set_defaults(handler=manage.cmd_runs_move)
 
     inspect = commands.add_parser("inspect", parents=shared, help="a run's event timeline")
     inspect.add_argument("run", metavar="RUN")

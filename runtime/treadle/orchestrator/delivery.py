@@ -285,6 +285,15 @@ class OrchestratorDelivery:
     async def _passes(self) -> messages.HandlerResult:
         while True:
             check_lease(self.meta, self.run_id)
+            moved = self.session.state.deployment_id
+            if moved not in (None, self.rt.deployment_id):
+                # ``runs.repin`` moved the run while this delivery lingered on it: its log
+                # now belongs to the new deployment, which the mover woke (``treadle.moves``).
+                assert moved is not None
+                await self.inline.settle()
+                await self.session.send_owed()
+                log.warning("run %s: moved to deployment %s mid-delivery", self.run_id, moved)
+                return await pinning.reroute(self.rt, self.message, moved)
             if now_ms() >= self.deadline_ms:
                 await self.inline.settle()
                 await self.waits.arm_owned_chains()

@@ -50,6 +50,8 @@ class LogState:
     tail: int = 0
     workflow_name: str = ""
     deployment_id: str | None = None
+    # The slot of the last run_repinned: the keys of what is sent since are scoped to it.
+    repinned_slot: int | None = None
     spec_version: int = 9
     input: JsonValue = None
     created_at: datetime | None = None
@@ -129,6 +131,10 @@ class LogState:
                 self.open_hooks.discard(e.correlation_id)
             case events.WakeRequested() as e:
                 self.wake_requests.append((logged.slot, e.waits))
+            case events.RunRepinned() as e:
+                # The run moved (``runs.repin``): from here on it is the new deployment's.
+                self.deployment_id = e.to_deployment
+                self.repinned_slot = logged.slot
             case _:
                 pass
 

@@ -1,10 +1,12 @@
-"""Deployment pinning: a run is only ever replayed by the deployment that started it.
+"""Deployment pinning: a run is only ever replayed by the deployment it is pinned to.
 
-A delivery that reaches another deployment (by its stamp, or by the run row the
-delivery loaded) is not replayed: it is re-sent to the run's deployment after 1,
-2, then 4 s, and after three re-routes, or at once when that deployment is unknown
-or retired, the run fails with ``DeploymentMismatch`` (seed 004, "Pinning runs to
-a deployment").
+That is the deployment that started it, until ``runs.repin`` moves it
+(``treadle.moves``): the log's last ``run_repinned`` names the new one, and the
+orchestrator's log state follows it. A delivery that reaches another deployment
+(by its stamp, or by the run row or log the delivery loaded) is not replayed: it
+is re-sent to the run's deployment after 1, 2, then 4 s, and after three
+re-routes, or at once when that deployment is unknown or retired, the run fails
+with ``DeploymentMismatch`` (seed 004, "Pinning runs to a deployment").
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
@@ -265,7 +266,7 @@ class RunSession:
         todo = [s for s in sends if s.key is None or s.key not in self._sent]
         if not todo:
             return
-        await self.rt.world.queue.send_batch(todo)
+        await self.rt.world.queue.send_batch(_scoped(todo, self.state.repinned_slot))
         for item in todo:
             if item.key is not None:
                 self._sent.add(item.key)
@@ -323,3 +324,18 @@ class RunSession:
             step_attempt=attempt,
         )
         return messages.Send(message, step_key(self.run_id, step_id), delay_seconds)
+
+
+def _scoped(sends: list[messages.Send], repinned_slot: int | None) -> list[messages.Send]:
+    """A moved run's keyed sends, keyed apart from what the old deployment sent.
+
+    The queue deduplicates a key for 24 h across deployments: the new deployment's
+    re-armed timer or re-sent step under the old one's key would be dropped, and the
+    old one's message sits on a subject nobody may consume (``treadle.moves``).
+    """
+    if repinned_slot is None:
+        return sends
+    return [
+        s if s.key is None else dataclasses.replace(s, key=f"{s.key}@moved{repinned_slot}")
+        for s in sends
+    ]

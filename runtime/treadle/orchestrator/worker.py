@@ -57,7 +57,10 @@ class Worker:
         deployments = getattr(self.rt.world, "deployments", None)
         if deployments is not None:
             served = {name: wf.fn for name, wf in self.rt.workflows.items()}
-            await deployments.register(self.rt.deployment_id, catalogue=catalogue.describe(served))
+            tags = {name: wf.compatible for name, wf in self.rt.workflows.items()}
+            await deployments.register(
+                self.rt.deployment_id, catalogue=catalogue.describe(served, tags)
+            )
         handlers: dict[messages.MessageKind, contract.Handler] = {}
         if self.role in ("all", "orchestrator"):
             handlers["orchestrator"] = self.handle

@@ -5,11 +5,17 @@ client without the code (the Kubernetes operator) can refuse a start naming an
 unknown workflow, or arguments its signature cannot take, before anything is
 recorded. The CLI checks arguments against the function itself, through the
 same ``check_arguments``.
+
+An entry also carries the workflow's compatibility tag when it declares one
+(``@app.workflow(compatible="orders-v3")``, checked by ``check_compatible_tag``):
+``treadle.moves`` moves a run between two revisions only when both entries carry
+the same tag (``compatible_of``).
 """
 
 from __future__ import annotations
 
 import inspect
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -27,32 +33,64 @@ _KINDS = {
 }
 
 
-def describe(fns: Mapping[str, Callable[..., Any]]) -> dict[str, JsonValue]:
-    """``{name: {"params": [{"name", "kind", "required"}, ...]}}`` for these functions.
+MAX_TAG_LENGTH = 63
+_TAG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+def check_compatible_tag(workflow: str, tag: object) -> str | None:
+    """``tag`` when it is a valid compatibility tag (or None); else a ValueError naming it."""
+    if tag is None:
+        return None
+    if not isinstance(tag, str) or not tag or len(tag) > MAX_TAG_LENGTH or not _TAG.match(tag):
+        raise ValueError(
+            f"workflow {workflow}: compatible={tag!r} is not a compatibility tag (1 to "
+            f"{MAX_TAG_LENGTH} letters, digits, '.', '_' or '-', starting with a letter or digit)"
+        )
+    return tag
+
+
+def compatible_of(entry: JsonValue) -> str | None:
+    """The compatibility tag a catalogue entry declares; None when it declares none."""
+    tag = entry.get("compatible") if isinstance(entry, dict) else None
+    return tag if isinstance(tag, str) and tag else None
+
+
+def describe(
+    fns: Mapping[str, Callable[..., Any]], compatible: Mapping[str, str | None] | None = None
+) -> dict[str, JsonValue]:
+    """``{name: {"params": [{"name", "kind", "required"}, ...]}}`` for these functions,
+    with ``"compatible": tag`` for each one ``compatible`` gives a tag.
 
     A function whose signature cannot be read is listed with ``"params": None``
     (its arguments are not checked).
     """
     described: dict[str, JsonValue] = {}
+    tags = compatible or {}
     for name, fn in sorted(fns.items()):
-        try:
-            signature = inspect.signature(fn)
-        except (TypeError, ValueError):
-            described[name] = {"params": None}
-            continue
-        described[name] = {
-            "params": [
-                {
-                    "name": p.name,
-                    "kind": p.kind.name,
-                    "required": p.default is inspect.Parameter.empty
-                    and p.kind
-                    not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD),
-                }
-                for p in signature.parameters.values()
-            ]
-        }
+        entry = _entry(fn)
+        tag = tags.get(name)
+        if tag:
+            entry["compatible"] = tag
+        described[name] = entry
     return described
+
+
+def _entry(fn: Callable[..., Any]) -> dict[str, JsonValue]:
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return {"params": None}
+    return {
+        "params": [
+            {
+                "name": p.name,
+                "kind": p.kind.name,
+                "required": p.default is inspect.Parameter.empty
+                and p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD),
+            }
+            for p in signature.parameters.values()
+        ]
+    }
 
 
 def signature_of(entry: JsonValue) -> inspect.Signature | None:

@@ -18,7 +18,7 @@ from typing import Any, Generic, ParamSpec, TypeVar
 from pydantic import JsonValue
 
 from treadle import errors, limits, serde, serde_registry
-from treadle.sdk import context
+from treadle.sdk import catalogue, context
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -123,7 +123,12 @@ class WorkflowFunction(Generic[P, R]):
     """A function decorated with ``@app.workflow``."""
 
     def __init__(
-        self, fn: Callable[P, Awaitable[R]], *, name: str, start_on_latest: bool = False
+        self,
+        fn: Callable[P, Awaitable[R]],
+        *,
+        name: str,
+        start_on_latest: bool = False,
+        compatible: str | None = None,
     ) -> None:
         if not inspect.iscoroutinefunction(fn):
             raise TypeError(f"workflow {name} must be an async def function")
@@ -131,6 +136,9 @@ class WorkflowFunction(Generic[P, R]):
         self.name = name
         # New runs go to the World's latest deployment, not the starter's (chains move on).
         self.start_on_latest = start_on_latest
+        # The app's promise that this code replays logs of other code with the same tag:
+        # runs may be moved between revisions that both declare it (``treadle.moves``).
+        self.compatible = catalogue.check_compatible_tag(name, compatible)
         serde_registry.register_annotations(fn)  # the classes its values may be
         functools.update_wrapper(self, fn)
 

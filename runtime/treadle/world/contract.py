@@ -46,6 +46,10 @@ Storage rules (DESIGN.md 3.1, seed 003 "Implementing spec 9 in a World"):
   inserts the run, so a ``deployments.retire`` is wholly before or after any
   create. A retried create of a run that exists returns it, retired or not. An
   unknown deployment is accepted: workers may register after the first start.
+- ``runs.repin`` moves a run's pin (``run_repinned``, out-of-band, with the run
+  row's ``deployment_id``, atomically), only from the deployment it is on, only
+  while it has not ended, only to a registered, unretired deployment; ``events.create``
+  refuses ``run_created`` and ``run_repinned`` (``storagerules.check_event_write``).
 
 Queue rules (DESIGN.md 3.2, seed 003 "Spec 9 queue rules"): see ``Queue``.
 
@@ -200,6 +204,24 @@ class Runs(Protocol):
         "is there any?", which a World answers without counting the rest). An empty
         ``statuses`` or a ``limit`` below 1 raises ``WorldContractError``
         (``storagerules.check_count``)."""
+        ...
+
+    async def repin(
+        self,
+        run_id: str,
+        *,
+        from_deployment: str,
+        to_deployment: str,
+        reason: str | None = None,
+    ) -> records.RunRecord:
+        """Move a run to another deployment: append ``run_repinned`` (out-of-band) and set
+        the run row's ``deployment_id`` to ``to_deployment``, in one transaction.
+
+        Conditional: ``RunNotRepinned`` (nothing written) when the run ended, is not on
+        ``from_deployment`` (another mover won), or ``to_deployment`` is unknown or
+        retired (``storagerules.check_repin``); ``RunNotFound`` for no such run. Returns
+        the moved run. Waking the new deployment is the caller's (``treadle.moves``).
+        """
         ...
 
 

@@ -175,6 +175,20 @@ class WakeRequested(_Event):
     waits: list[str] | None = None
 
 
+class RunRepinned(_Event):
+    """The run moved from one deployment to another (``runs.repin``, out-of-band).
+
+    Written only by ``runs.repin``, which moves the run row's ``deployment_id`` in the
+    same transaction; replay skips it (it is no workflow operation), ``treadle
+    inspect`` shows which code wrote which part of the log.
+    """
+
+    type: Literal["run_repinned"] = "run_repinned"
+    from_deployment: str
+    to_deployment: str
+    reason: str | None = None
+
+
 class Noop(_Event):
     """A sealed slot: holds a position, means nothing."""
 
@@ -200,6 +214,7 @@ Event: TypeAlias = Annotated[
     | HookConflict
     | AttrSet
     | WakeRequested
+    | RunRepinned
     | Noop,
     Field(discriminator="type"),
 ]
@@ -226,6 +241,7 @@ EVENT_TYPES: frozenset[str] = frozenset(
         "hook_conflict",
         "attr_set",
         "wake_requested",
+        "run_repinned",
         "noop",
     }
 )
@@ -252,6 +268,8 @@ REFUSED_ON_TERMINAL_RUN: frozenset[str] = frozenset(
         "wake_requested",
     }
 )
+# Written by a runs operation, never by events.create (WorldContractError there).
+WRITTEN_BY_RUNS: frozenset[str] = frozenset({"run_created", "run_repinned"})
 # What a create_batch may carry: step and wait events only.
 BATCHABLE_TYPES: frozenset[str] = STEP_TYPES | WAIT_TYPES
 

@@ -5,9 +5,12 @@
 - ``check_run_id``: a caller-chosen run id must be ``wrun_`` and a ULID.
 - ``check_same_run``: a retried ``runs.create`` with a taken run id converges
   only on the same workflow, input and deployment ("a run id names one run").
+- ``check_event_write``: ``events.create`` refuses the events a runs operation
+  writes (``run_created``, ``run_repinned``).
+- ``check_repin``: when ``runs.repin`` refuses (``RunNotRepinned``), in what order.
 
 Used by the local and in-memory storages (``treadle.worlds.local``,
-``treadle.testing.memory``).
+``treadle.testing.memory``) and by the Postgres one for the checks it makes in Python.
 """
 
 from __future__ import annotations
@@ -91,3 +94,60 @@ def check_count(statuses: Sequence[str] | None, limit: int | None) -> tuple[str,
     if unknown:
         raise errors.WorldContractError(f"runs.count: unknown run status {unknown[0]!r}")
     return unique
+
+
+def check_event_write(run_id: str, event: events.Event) -> None:
+    """``events.create`` never writes what a runs operation writes (``run_created``,
+    ``run_repinned``): those come with their run row change, in one transaction."""
+    if event.type in events.WRITTEN_BY_RUNS:
+        operation = "runs.create" if event.type == "run_created" else "runs.repin"
+        raise errors.WorldContractError(
+            f"run {run_id}: {event.type} is written by {operation}, not events.create",
+            run_id=run_id,
+        )
+
+
+def check_repin_args(run_id: str, from_deployment: str, to_deployment: str) -> None:
+    """A move names two different, non-empty deployments (else a contract error)."""
+    if not from_deployment or not to_deployment or from_deployment == to_deployment:
+        raise errors.WorldContractError(
+            f"run {run_id}: runs.repin needs two different deployments, got "
+            f"from {from_deployment!r} to {to_deployment!r}",
+            run_id=run_id,
+        )
+
+
+def check_repin(
+    run_id: str,
+    *,
+    status: str,
+    current: str,
+    from_deployment: str,
+    to_deployment: str,
+    target_retired: bool | None,
+) -> None:
+    """Whether ``runs.repin`` may move the run (``RunNotRepinned`` with why not).
+
+    Decided in this order, inside the write's transaction: the run ended; the run is
+    not on ``from_deployment`` (moved already by another mover, or never there); the
+    target is unknown (``target_retired`` None: never registered) or retired.
+    """
+    check_repin_args(run_id, from_deployment, to_deployment)
+    if status in ("completed", "failed", "cancelled"):
+        raise errors.RunNotRepinned(run_id, reason="ended", detail=f"the run is {status}")
+    if current != from_deployment:
+        raise errors.RunNotRepinned(
+            run_id,
+            reason="not_on_from",
+            detail=f"the run is on deployment {current}, not {from_deployment}",
+        )
+    if target_retired is None:
+        raise errors.RunNotRepinned(
+            run_id,
+            reason="unknown_target",
+            detail=f"deployment {to_deployment} was never registered",
+        )
+    if target_retired:
+        raise errors.RunNotRepinned(
+            run_id, reason="retired_target", detail=f"deployment {to_deployment} is retired"
+        )

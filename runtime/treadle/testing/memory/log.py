@@ -147,6 +147,29 @@ class Store:
         self.runs[run_id] = state
         return True, state
 
+    # -- runs.repin ----------------------------------------------------------------------
+
+    def repin(
+        self,
+        run_id: str,
+        *,
+        from_deployment: str,
+        to_deployment: str,
+        reason: str | None,
+        target: records.DeploymentRecord | None,
+    ) -> events.LoggedEvent:
+        """``run_repinned`` and the run row's new deployment, or ``RunNotRepinned``."""
+        state = self.run(run_id)
+        storagerules.check_repin(
+            run_id, status=state.record.status, current=state.record.deployment_id,
+            from_deployment=from_deployment, to_deployment=to_deployment,
+            target_retired=None if target is None else target.retired,
+        )  # fmt: skip
+        event = events.RunRepinned(
+            from_deployment=from_deployment, to_deployment=to_deployment, reason=reason
+        )
+        return self._insert(state, event, False, clock.utcnow(), None)
+
     # -- events.create / create_batch ----------------------------------------------------
 
     def append(
@@ -234,11 +257,7 @@ class Store:
         """Refuse an event its run cannot take; return what to store (a hook clash turns
         into ``hook_conflict``)."""
         run_id, kind = state.run_id, event.type
-        if kind == "run_created":
-            raise errors.WorldContractError(
-                f"run {run_id}: run_created is written by runs.create, not events.create",
-                run_id=run_id,
-            )
+        storagerules.check_event_write(run_id, event)
         if state.record.status in _TERMINAL and kind in events.REFUSED_ON_TERMINAL_RUN:
             raise errors.RunExpired(run_id, status=state.record.status, event_type=kind)
         match event:
@@ -320,6 +339,8 @@ class Store:
                 self._end_run(state, replace(run, status="failed", error=error), at)
             case events.RunCancelled():
                 self._end_run(state, replace(run, status="cancelled"), at)
+            case events.RunRepinned(to_deployment=target):
+                state.record = replace(run, deployment_id=target)
             case events.AttrSet(key=key, value=value):
                 attributes = {**run.attributes, key: copy.deepcopy(value)}
                 state.record = replace(run, attributes=attributes)

@@ -35,6 +35,7 @@ POINTS: frozenset[str] = frozenset(
         "runs.get",
         "runs.list",
         "runs.count",
+        "runs.repin",
         "events.create",
         "events.create_batch",
         "events.list",

@@ -81,6 +81,23 @@ class MemoryRuns(_Facade):
         record = copy.deepcopy(self._store.run(run_id).record)
         return self._leave(fail, "runs.get", run_id, record)
 
+    async def repin(
+        self,
+        run_id: str,
+        *,
+        from_deployment: str,
+        to_deployment: str,
+        reason: str | None = None,
+    ) -> records.RunRecord:
+        fail = await self._enter("runs.repin", run_id)
+        self._store.repin(
+            run_id, from_deployment=from_deployment, to_deployment=to_deployment, reason=reason,
+            target=self._backend.deployments.get(to_deployment),
+        )  # fmt: skip
+        self._backend.feeds.publish(run_id)
+        record = copy.deepcopy(self._store.run(run_id).record)
+        return self._leave(fail, "runs.repin", run_id, record)
+
     async def list(
         self,
         *,

@@ -9,6 +9,8 @@ allocates slots, inserts, folds the read views (run status, steps, hooks) and
 moves the counters. A refusal raises before anything is written, so it never
 leaves a hole.
 
+``repin`` moves a run's pin (``run_repinned`` folded into the run row).
+
 Called by ``storage.LocalEvents`` and ``storage.LocalRuns``.
 """
 
@@ -137,11 +139,7 @@ def _admit(conn: sqlite3.Connection, run: _Run, event: events.Event) -> events.E
     """Refuse an event its run cannot take; return what to store (a hook clash turns
     into ``hook_conflict``)."""
     kind = event.type
-    if kind == "run_created":
-        raise errors.WorldContractError(
-            f"run {run.run_id}: run_created is written by runs.create, not events.create",
-            run_id=run.run_id,
-        )
+    storagerules.check_event_write(run.run_id, event)
     if run.status in ("completed", "failed", "cancelled") and kind in (
         events.REFUSED_ON_TERMINAL_RUN
     ):
@@ -248,6 +246,8 @@ def _fold(conn: sqlite3.Connection, run: _Run, event: events.Event, *, slot: int
             _end_run(conn, run, "failed", at, error=error.model_dump_json())
         case events.RunCancelled():
             _end_run(conn, run, "cancelled", at)
+        case events.RunRepinned(to_deployment=target):
+            conn.execute("UPDATE runs SET deployment_id = ? WHERE run_id = ?", (target, rid))
         case events.AttrSet(key=key, value=value):
             conn.execute(
                 "UPDATE runs SET attributes = json_set(attributes, '$.' || json_quote(?), "
@@ -433,6 +433,34 @@ def append_batch(
             result.items.append(logged)
             result.allocated += 1
         return result
+
+
+def repin(
+    conn: sqlite3.Connection,
+    *,
+    run_id: str,
+    from_deployment: str,
+    to_deployment: str,
+    reason: str | None,
+) -> events.LoggedEvent:
+    """``run_repinned`` and the run row's new deployment, in one transaction, or
+    ``RunNotRepinned`` with nothing written (``storagerules.check_repin``)."""
+    with transaction(conn):
+        run = _load_run(conn, run_id)
+        current = conn.execute(
+            "SELECT deployment_id FROM runs WHERE run_id = ?", (run_id,)
+        ).fetchone()[0]
+        target = conn.execute(
+            "SELECT retired FROM deployments WHERE deployment_id = ?", (to_deployment,)
+        ).fetchone()
+        storagerules.check_repin(
+            run_id, status=run.status, current=str(current), from_deployment=from_deployment,
+            to_deployment=to_deployment, target_retired=None if target is None else bool(target[0]),
+        )  # fmt: skip
+        event = events.RunRepinned(
+            from_deployment=from_deployment, to_deployment=to_deployment, reason=reason
+        )
+        return _insert(conn, run, event, in_band=False, created_at=now_us(), idempotency_key=None)
 
 
 def create_run(

@@ -197,6 +197,23 @@ class LocalRuns:
     async def get(self, run_id: str) -> records.RunRecord:
         return await self._db.call(functools.partial(_get_run, run_id=run_id))
 
+    async def repin(
+        self,
+        run_id: str,
+        *,
+        from_deployment: str,
+        to_deployment: str,
+        reason: str | None = None,
+    ) -> records.RunRecord:
+        logged = await self._db.call(
+            functools.partial(
+                eventlog.repin, run_id=run_id, from_deployment=from_deployment,
+                to_deployment=to_deployment, reason=reason,
+            )
+        )  # fmt: skip
+        self._feed.publish(run_id, [logged])
+        return await self.get(run_id)
+
     async def list(
         self,
         *,

@@ -27,6 +27,7 @@ from treadle.worlds.postgres.feed import Feed, Subscription
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 _CREATE_RUN_SQL = "SELECT * FROM treadle_create_run($1, $2::jsonb)"
+_REPIN_SQL = "SELECT * FROM treadle_repin($1, $2::jsonb)"  # migration 0009
 _GET_RUN_SQL = f"SELECT {rows.RUN_COLUMNS} FROM treadle_runs WHERE run_id = $1"
 # The counters and the page in one statement: one snapshot for both.
 _LIST_EVENTS_SQL = f"""
@@ -97,6 +98,38 @@ class PostgresRuns:
         if row is None:
             raise errors.RunNotFound(run_id)
         return rows.run_record(row)
+
+    async def repin(
+        self,
+        run_id: str,
+        *,
+        from_deployment: str,
+        to_deployment: str,
+        reason: str | None = None,
+    ) -> records.RunRecord:
+        storagerules.check_repin_args(run_id, from_deployment, to_deployment)
+        event = events.RunRepinned(
+            from_deployment=from_deployment, to_deployment=to_deployment, reason=reason
+        )
+        with self._feed.writing(run_id):
+            row = await self._db.fetchrow(_REPIN_SQL, run_id, event.model_dump_json())
+            if row is None:
+                raise errors.StorageUnavailable(f"run {run_id}: treadle_repin returned nothing")
+            if not row["o_moved"]:
+                storagerules.check_repin(
+                    run_id, status=str(row["o_status"]), current=str(row["o_current"]),
+                    from_deployment=from_deployment, to_deployment=to_deployment,
+                    target_retired=row["o_target_retired"],
+                )  # fmt: skip
+                raise errors.StorageUnavailable(
+                    f"run {run_id}: treadle_repin refused a move storagerules allows"
+                )
+            logged = events.LoggedEvent(
+                run_id=run_id, slot=row["o_slot"], created_at=row["o_created_at"],
+                in_band=False, event=event,
+            )  # fmt: skip
+            self._feed.publish(run_id, [logged])
+        return await self.get(run_id)
 
     async def list(
         self,
@@ -182,6 +215,8 @@ class PostgresEvents:
         occurred_at: datetime | None = None,
         idempotency_key: str | None = None,
     ) -> records.EventResult:
+        if event.type == "run_repinned":  # run_created: refused by treadle_append
+            storagerules.check_event_write(run_id, event)
         params = append.WriteParams(in_band, expected_seq_in_band, event_count, occurred_at)
         with self._feed.writing(run_id):
             result = await append.create(self._db, run_id, event, params, idempotency_key)
