@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 import kopf
 
-from treadle_operator import handlers, kube, leader, runs, secretcache, webhook, worldhosts
+from treadle_operator import handlers, kube, leader, mirrored, secretcache, webhook, worldhosts
 from treadle_operator.errors import LeadershipLost
 from treadle_operator.probes import Probes
 from treadle_operator.settings import OperatorSettings
@@ -44,8 +44,8 @@ async def run(namespaces: Sequence[str] = ()) -> None:
         settings=settings, kube=client, worlds=worlds, sync=sync, namespaces=tuple(namespaces)
     )
 
-    sync.on_new_run = functools.partial(runs.mirror, state)
-    sync.mirrors = functools.partial(runs.mirrors, state)
+    sync.on_new_run = functools.partial(mirrored.mirror, state)
+    sync.mirrors = functools.partial(mirrored.mirrors, state)
     registry = handlers.build_registry(state)
     elector = _elector(client, settings)
     # The admission webhook answers on every replica, before kopf (and any leadership).

@@ -31,7 +31,7 @@ from pydantic import ValidationError
 from treadle_operator import binding, cron, models, schedules
 from treadle_operator.errors import InvalidSchedule
 from treadle_operator.kube import MERGE_PATCH
-from treadle_operator.models import WorkflowScheduleSpec, WorkflowScheduleStatus
+from treadle_operator.schedulemodels import WorkflowScheduleSpec, WorkflowScheduleStatus
 from treadle_operator.schedules import LABEL, PLURAL, ScheduledRun
 from treadle_operator.state import State
 

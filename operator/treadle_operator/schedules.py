@@ -38,7 +38,7 @@ from typing import Any
 from treadle_operator import models
 from treadle_operator.conditions import condition, merge_conditions
 from treadle_operator.cron import Cron
-from treadle_operator.models import (
+from treadle_operator.schedulemodels import (
     ScheduledRunRef,
     WorkflowScheduleSpec,
     WorkflowScheduleStatus,

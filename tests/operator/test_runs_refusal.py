@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import JsonValue
 
 from treadle.sdk import catalogue
-from treadle_operator import runs
+from treadle_operator import mirrored, runs
 from treadle_operator.models import WorkflowRunSpec
 
 
@@ -43,7 +43,7 @@ def test_bad_input_says_why() -> None:
 
 
 def test_mirror_names_are_dns_labels() -> None:
-    name = runs.mirror_name("Order_Flow!", "wrun_01JABCDEFGHJKMNPQRSTVWXYZ0")
+    name = mirrored.mirror_name("Order_Flow!", "wrun_01JABCDEFGHJKMNPQRSTVWXYZ0")
     assert name == "order-flow-01jabcdefghjkmnpqrstvwxyz0"
 
 

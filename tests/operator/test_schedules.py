@@ -14,7 +14,7 @@ import pytest
 
 from treadle_operator import binding, cron, schedules
 from treadle_operator.errors import InvalidSchedule
-from treadle_operator.models import WorkflowScheduleSpec, WorkflowScheduleStatus
+from treadle_operator.schedulemodels import WorkflowScheduleSpec, WorkflowScheduleStatus
 from treadle_operator.schedules import ScheduledRun
 
 
