@@ -193,26 +193,37 @@ def _ended(target: Target) -> SignalRefused:
     )
 
 
-async def wake(
-    state: State, body: dict[str, Any], spec: WorkflowSignalSpec, status: WorkflowSignalStatus
-) -> Outcome:
+async def _live_target(
+    state: State, body: dict[str, Any], spec: WorkflowSignalSpec
+) -> signaltargets.Target:
+    """The signal's run, which must not have ended (``RunEnded`` otherwise)."""
     target = await signaltargets.resolve(state, body["metadata"]["namespace"], spec)
     assert target.run is not None
     if target.run.is_terminal:
         raise _ended(target)
-    waits = spec.wake.waits if spec.wake is not None else None
-    open_waits = set((await _view(target)).waits)
-    asked = open_waits if waits is None else open_waits & set(waits)
+    return target
+
+
+async def _append(target: signaltargets.Target, body: dict[str, Any], event: events.Event) -> None:
+    """One out-of-band event for the signal's run, keyed by the signal (done once)."""
     try:
         await target.world.events.create(
-            target.run_id,
-            events.WakeRequested(waits=waits),
-            in_band=False,
-            idempotency_key=_key(body),
+            target.run_id, event, in_band=False, idempotency_key=_key(body)
         )
     except engine_errors.RunExpired:
         raise _ended(target) from None
+
+
+async def wake(
+    state: State, body: dict[str, Any], spec: WorkflowSignalSpec, status: WorkflowSignalStatus
+) -> Outcome:
+    target = await _live_target(state, body, spec)
+    waits = spec.wake.waits if spec.wake is not None else None
+    open_waits = set((await _view(target)).waits)
+    asked = open_waits if waits is None else open_waits & set(waits)
+    await _append(target, body, events.WakeRequested(waits=waits))
     run = target.run
+    assert run is not None
     await target.world.queue.send(
         messages.OrchestratorMessage(
             run_id=run.run_id, deployment_id=run.deployment_id, run_spec_version=run.spec_version
@@ -227,20 +238,9 @@ async def wake(
 async def cancel(
     state: State, body: dict[str, Any], spec: WorkflowSignalSpec, status: WorkflowSignalStatus
 ) -> Outcome:
-    target = await signaltargets.resolve(state, body["metadata"]["namespace"], spec)
-    assert target.run is not None
-    if target.run.is_terminal:
-        raise _ended(target)
+    target = await _live_target(state, body, spec)
     reason = (spec.cancel.reason if spec.cancel else None) or f"WorkflowSignal {where(body)}"
-    try:
-        await target.world.events.create(
-            target.run_id,
-            events.RunCancelled(reason=reason),
-            in_band=False,
-            idempotency_key=_key(body),
-        )
-    except engine_errors.RunExpired:
-        raise _ended(target) from None
+    await _append(target, body, events.RunCancelled(reason=reason))
     if state.sync.tracks(target.run_id):
         state.sync.poke(target.run_id)
     return Outcome(
