@@ -97,6 +97,8 @@ class StepStarted(_EntityEvent):
     input: JsonValue = None
     position: int | None = None
     max_retries: int | None = None
+    # Spec 8 (seed 000): the queue message running an inline body; latest start wins.
+    owner_message_id: str | None = None
 
 
 class StepRetrying(_EntityEvent):
