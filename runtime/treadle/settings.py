@@ -30,6 +30,17 @@ class Settings(BaseSettings):
     WORKFLOW_REPLAY_DIVERGENCE_MAX_RETRIES: int = Field(
         default=3, ge=0, le=100, description="Cold replays in place before CorruptedEventLog."
     )
+    # Spec 8 runs only (seed 000): inline step message ownership.
+    WORKFLOW_INLINE_OWNERSHIP: bool = Field(
+        default=True,
+        description="Spec 8: a wake defers to the delivery running an inline step (0: the "
+        "immediate re-queue of earlier releases; stamping continues).",
+    )
+    WORKFLOW_INLINE_OWNERSHIP_LEASE_SECONDS: float = Field(
+        default=860.0,
+        description="Spec 8: how long a wake defers to the owner of an inline step "
+        "(clamped to 1..900; 900 is the longest single delayed message).",
+    )
     WORKFLOW_MAX_INLINE_STEPS: int = Field(
         default=3, description="Steps the orchestrator runs inline at once (clamped to 0..16)."
     )
@@ -250,6 +261,15 @@ class Settings(BaseSettings):
         from treadle import hooktokens
 
         return hooktokens.check_namespace(value)
+
+    @field_validator("WORKFLOW_INLINE_OWNERSHIP_LEASE_SECONDS")
+    @classmethod
+    def _clamp_lease(cls, value: float) -> float:
+        from treadle.orchestrator.spec8 import ownership
+
+        if value != value:  # NaN
+            raise ValueError("must be a number of seconds (1 to 900)")
+        return ownership.clamp_lease(value)
 
     @field_validator("WORKFLOW_MAX_INLINE_STEPS")
     @classmethod

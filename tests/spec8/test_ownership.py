@@ -236,3 +236,22 @@ def test_unstable_message_ids_recover_through_the_backstop_never_execute_twice()
     assert redelivered is not None and redelivered.action is Action.BACKSTOP
     after = decide(state, "delivery-3", T0 + timedelta(seconds=30 + redelivered.delay_seconds))
     assert after == ownership.Dispatch(Action.ENQUEUE, idempotency_key=CID)
+
+
+def test_the_lease_setting_is_clamped_and_the_kill_switch_reads_zero() -> None:
+    from treadle import settings
+
+    assert settings.load({}).WORKFLOW_INLINE_OWNERSHIP_LEASE_SECONDS == 860
+    assert (
+        settings.load(
+            {"WORKFLOW_INLINE_OWNERSHIP_LEASE_SECONDS": "5000"}
+        ).WORKFLOW_INLINE_OWNERSHIP_LEASE_SECONDS
+        == 900
+    )
+    assert (
+        settings.load(
+            {"WORKFLOW_INLINE_OWNERSHIP_LEASE_SECONDS": "0"}
+        ).WORKFLOW_INLINE_OWNERSHIP_LEASE_SECONDS
+        == 1
+    )
+    assert settings.load({"WORKFLOW_INLINE_OWNERSHIP": "0"}).WORKFLOW_INLINE_OWNERSHIP is False
