@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from treadle.orchestrator.spec8.singleflight import SingleFlight
 from treadle.sdk import functions
 from treadle.settings import Settings
 from treadle.world import contract, messages
@@ -52,6 +53,8 @@ class Runtime:
     # Deliveries (message, delivery, start) whose re-send pass sent: once per delivery,
     # not again in its coalesced re-runs.
     resent_invocations: RecentKeys = field(default_factory=RecentKeys)
+    # Spec 8 (seed 000): one running inline body per run:correlation id in this process.
+    single_flight: SingleFlight = field(default_factory=SingleFlight)
 
     def wake_message(
         self, run_id: str, deployment_id: str | None, *, spec_version: int
