@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from treadle import clock
 from treadle.orchestrator.logstate import LogState, StepState
@@ -80,12 +81,13 @@ class Table:
         *,
         running: set[str],
         absorbed: set[str],
+        now: datetime | None = None,
     ) -> list[Planned]:
         unsettled = (state.open_inline_steps | state.open_background_steps) - running
         if not unsettled:
             return []
         folded = owners(loaded, unsettled)
-        now = clock.utcnow()
+        now = clock.utcnow() if now is None else now
         out: list[Planned] = []
         for cid in sorted(unsettled):  # sorted: a seed must replay
             decided = ownership.dispatch(
