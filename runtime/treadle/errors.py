@@ -34,6 +34,7 @@ its message names them too::
         ├── StepAlreadyEnded          a step_started or a second outcome for a step that has one
         ├── StaleStepStart            a step_started whose attempt is not past the latest started
         ├── WaitAlreadyCompleted      a second wait_completed for one wait
+        ├── EntityAlreadyCreated      a second creation of a step, wait, hook or the run's start
         ├── StepNotFound              no step with that id in the run
         ├── HookNotFound              no live hook with that token
         ├── EarlierItemRefused        a batch item whose correlation id had an earlier refusal
@@ -387,6 +388,32 @@ class WaitAlreadyCompleted(WorldError):
         )
         self.wait_id = wait_id
         self.completed_slot = completed_slot
+
+
+class EntityAlreadyCreated(WorldError):
+    """A creation the run's log already holds: a second ``step_created`` for a step (or
+    one for a step an inline ``step_started`` created, or an inline creating start for a
+    step a ``step_created`` created), a second ``wait_created``, a second ``hook_created``
+    for one correlation id, or a second ``run_started`` (``correlation_id`` None).
+
+    Nothing was allocated or written: the creation at ``slot`` stands. Spec 8 runs have
+    several writers, and the loser of a race to create one entity hears this (seed 003
+    "Spec 8 queues, as in earlier releases": the World's rows refuse the loser's
+    duplicates); it has nothing to undo and reads the entity from the log.
+    """
+
+    def __init__(
+        self, run_id: str, *, correlation_id: str | None, event_type: str, slot: int
+    ) -> None:
+        what = "the run's start" if correlation_id is None else correlation_id
+        super().__init__(
+            f"run {run_id}: {what} was already created at slot {slot}; a {event_type} "
+            "is refused and nothing was written",
+            run_id=run_id,
+        )
+        self.correlation_id = correlation_id
+        self.event_type = event_type
+        self.slot = slot
 
 
 class StepNotFound(WorldError):
