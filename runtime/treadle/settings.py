@@ -26,7 +26,7 @@ class Settings(BaseSettings):
         description="Run format minted for new runs: 8 or 9 (unset: 9 on a World with the "
         "in-band fence, 8 on one without; 9 on a World without it mints 8, with a warning). "
         "Existing runs keep their own format.",
-        json_schema_extra={"allowed": "8 | 9 | unset"},
+        json_schema_extra={"allowed": "8, 9 or unset; any other value is refused"},
     )
     WORKFLOW_MAX_QUEUE_DELIVERIES: int = Field(
         default=48, ge=1, description="Orchestrator deliveries of one message before the run fails."
@@ -39,13 +39,15 @@ class Settings(BaseSettings):
         default=True,
         description="Spec 8: a wake defers to the delivery running an inline step (0: the "
         "immediate re-queue of earlier releases; stamping continues).",
-        json_schema_extra={"allowed": "1 | 0"},
+        json_schema_extra={"allowed": "1 or 0 (true or false)"},
     )
     WORKFLOW_INLINE_OWNERSHIP_LEASE_SECONDS: float = Field(
         default=860.0,
         description="Spec 8: how long a wake defers to the owner of an inline step "
         "(clamped to 1..900; 900 is the longest single delayed message).",
-        json_schema_extra={"allowed": "1..900 (clamped, with a warning)"},
+        json_schema_extra={
+            "allowed": "1..900 seconds; outside is clamped (with a warning), not a number refused"
+        },
     )
     WORKFLOW_MAX_INLINE_STEPS: int = Field(
         default=3, description="Steps the orchestrator runs inline at once (clamped to 0..16)."
