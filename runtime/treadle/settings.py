@@ -49,6 +49,13 @@ class Settings(BaseSettings):
             "allowed": "1..900 seconds; outside is clamped (with a warning), not a number refused"
         },
     )
+    WORKFLOW_OPEN_WAIT_CLOCK_SKEW_MS: int = Field(
+        default=1000,
+        ge=0,
+        le=600_000,
+        description="Spec 8: a wait due within the inline window plus this keeps new steps "
+        "out of the inline batch (queued instead).",
+    )
     WORKFLOW_MAX_INLINE_STEPS: int = Field(
         default=3, description="Steps the orchestrator runs inline at once (clamped to 0..16)."
     )
