@@ -11,7 +11,10 @@ from treadle import Hook, HookConflictError, create_hook, sleep
 from treadle.errors import HookNotFound, RunExpired
 from treadle.world import events
 
-from .conftest import MakeApp
+from .conftest import BOTH_FORMATS, MakeApp
+
+# Spec 9 on both Worlds and spec 8 on the local one.
+pytestmark = BOTH_FORMATS
 
 
 class Approval(Hook):
