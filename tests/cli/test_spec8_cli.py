@@ -88,7 +88,10 @@ def test_inspect_shows_each_inline_steps_owner_phase_and_backstop(cli: Cli) -> N
         True,
     )
     assert retried["backstop_due_at"] is None and retried["backstop_key"] is None
-    assert rows["step_done"]["phase"] == "terminal"
+    done = rows["step_done"]
+    assert (done["phase"], done["owner_message_id"]) == ("terminal", None)
+    assert done["last_start_owner_message_id"] == OWNER
+    assert retried["last_start_owner_message_id"] == OWNER  # stamped, then lapsed by the retry
 
     table = cli("inspect", run_id, env=env)
     assert table.returncode == 0, table.stderr
@@ -98,7 +101,8 @@ def test_inspect_shows_each_inline_steps_owner_phase_and_backstop(cli: Cli) -> N
     first = lines[0].split()
     assert first[:4] == ["step_owned", "greet", "owned", OWNER]
     assert first[-1] == owned["backstop_key"]
-    assert lines[1].split()[:3] == ["step_retried", "greet", "unowned"]
+    assert lines[1].split()[:4] == ["step_retried", "greet", "unowned", "-"]
+    assert lines[2].split()[:6] == ["step_done", "greet", "terminal", OWNER, "(ran", "it)"]
 
 
 def test_inspect_of_a_spec_9_run_is_unchanged(cli: Cli) -> None:
