@@ -1,0 +1,108 @@
+"""Seed 000's degraded modes on spec 8 runs, on the local World and Postgres + NATS:
+unstable message ids recover through the backstop lease (never wedging, never
+duplicating), and a retrying inline step leaves ownership for its own message with its
+short backoff (backstop shape #1: never stalled a whole lease behind a backstop).
+"""
+
+from __future__ import annotations
+
+from treadle.orchestrator.spec8 import ownership
+from treadle.world import events
+
+from ..engine.conftest import MakeApp
+from ..engine.faults import FaultyWorld
+from .faults8 import UnstableIdsWorld
+from .procs import Cluster
+from .scenarios import start_mid_step
+
+
+def _starts(log: list[events.LoggedEvent]) -> list[events.LoggedEvent]:
+    return [e for e in log if isinstance(e.event, events.StepStarted)]
+
+
+async def test_unstable_message_ids_recover_a_crashed_owner_through_the_backstop_lease(
+    cluster: Cluster,
+) -> None:
+    """Seed 000 "Worlds with unstable message IDs: there the lease is the entire recovery
+    mechanism" and "Degraded modes": the owner is killed mid-body; the queue redelivers its
+    message, but this World's queue gives every delivery a fresh id (faults8.py), so the
+    owner check never matches, not even on the crashed owner's own redelivery. That
+    redelivery defers and arms the backstop for the lease's remainder (3 s); the backstop
+    finds the lease expired and sends the step's message; the body runs once more, on the
+    background path, and the run completes: no wedge, no owned re-run, one completion."""
+    lease = 3.0
+    run_id = await cluster.start("owned", "u")
+    first = cluster.start_worker(
+        TREADLE_TEST_HANG_FIRST_ATTEMPT="1",
+        TREADLE_QUEUE_LEASE_SECONDS="1",
+        WORKFLOW_INLINE_OWNERSHIP_LEASE_SECONDS=str(lease),
+    )
+    cluster.wait_for_line("u start 1", first)
+    cluster.kill(first)
+
+    app, faulty = await cluster.serve_here(
+        1.0, wrap=UnstableIdsWorld, WORKFLOW_INLINE_OWNERSHIP_LEASE_SECONDS=lease
+    )
+    run = app.get_run(run_id)
+    assert await run.result(timeout=30) == "u:2", "the run wedged"
+    assert cluster.lines() == ["u start 1", "u start 2", "u done 2"]
+
+    log = await run.events()
+    starts = _starts(log)
+    owner = starts[0].event.owner_message_id
+    assert owner is not None
+    assert [s.event.attempt for s in starts] == [1, 2]
+    assert starts[1].event.owner_message_id is None, "no owned recovery could match"
+    redelivery = [m for m in faulty.inner.queue.minted if m[0] == owner]
+    assert redelivery, "the queue redelivered the owner's message (under a fresh id)"
+    assert all(s.meta.message_id != owner for s in faulty.queue.started)
+    cid = starts[0].correlation_id
+    assert cid is not None
+    key = ownership.backstop_key(cid, starts[0].created_at)
+    assert [t for t in faulty.trace if t.what == "send" and t.name == key], "no backstop armed"
+    assert [s for s in faulty.queue.started if s.meta.key == key], "the backstop never fired"
+    waited = (starts[1].created_at - starts[0].created_at).total_seconds()
+    assert waited >= lease - 0.5, f"the body ran again {waited:.2f} s in, inside the lease"
+    assert [e.type for e in log].count("step_completed") == 1
+
+
+async def test_a_retrying_inline_step_goes_to_its_message_after_its_backoff_not_a_lease(
+    make_app: MakeApp, faulty: FaultyWorld
+) -> None:
+    """Seed 000 "step_retrying lapses ownership permanently" and backstop shape #1 ("the
+    backstop must not be the step's own message ... the pending backstop absorbed it,
+    turning a 1-second retry into a full-lease stall"). A hook wake arms a backstop (lease
+    30 s) while charge's first attempt runs inline; the attempt then fails retryably. The
+    retry goes to the step's own message (keyed ``step:<run>:<cid>``) with its ~1 s
+    backoff, is not absorbed by the pending backstop, and runs as a bare start (the step
+    is queue-owned now) about a second later, far inside the lease."""
+    lease = 30.0
+    scene = await start_mid_step(
+        make_app,
+        faulty,
+        wake="hook",
+        lease_seconds=lease,
+        fail_first=True,
+        WORKFLOW_STEP_RETRY_DELAY_SECONDS=1.0,
+    )
+    first = await scene.first_start()
+    cid = first.correlation_id
+    assert cid is not None
+    await scene.do_wake()
+    await scene.faulty.queue.until(lambda: bool(scene.backstops()))
+    scene.release.set()
+    assert await scene.run.result(timeout=15) == "charged o-1"
+    assert scene.marker == [1, 2]
+
+    log = await scene.log()
+    (retrying,) = [e for e in log if e.type == "step_retrying"]
+    starts = _starts(log)
+    assert [s.event.attempt for s in starts] == [1, 2]
+    assert starts[1].event.owner_message_id is None, "a retry is queue-owned"
+    after = (starts[1].created_at - retrying.created_at).total_seconds()
+    assert after < 10, f"the retry stalled {after:.1f} s (the lease is {lease:.0f} s)"
+    retries = scene.step_sends(cid)
+    assert retries, "the retry went to the step's own message"
+    assert retries[0].send is not None and 0.5 <= retries[0].send.delay_seconds <= 2.0
+    (backstop_key,) = {t.name for t in scene.backstops()}
+    assert backstop_key != retries[0].name and backstop_key.startswith(f"{cid}:backstop:")
