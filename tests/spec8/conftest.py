@@ -12,12 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from ..engine.conftest import faulty, make_app, open_world
+from ..engine.conftest import MakeApp, faulty, make_app, open_world
 from ..nats.conftest import nats_server
 from ..postgres.conftest import pg_clones, pg_dsn, pg_server
 from .procs import Cluster
 
 __all__ = [
+    "MakeApp",
     "faulty",
     "make_app",
     "nats_server",
