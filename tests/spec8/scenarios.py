@@ -29,7 +29,15 @@ from ..engine.faults import FaultyWorld, Started, Traced
 
 Wake = Literal["hook", "sleep", "cancel"]
 # The sleep that comes due mid-step (short: the body blocks until the test lets it go).
-SLEEP_SECONDS = 0.3
+SLEEP_SECONDS = 1.5
+# A spec 8 delivery starts no inline step while an open wait comes due within its inline
+# window plus WORKFLOW_OPEN_WAIT_CLOCK_SKEW_MS (the step is queued instead): for the
+# sleep to come due mid-step, the window is made 1 s (the least) with no margin or skew.
+SLEEP_PAST_THE_WINDOW = {
+    "WORKFLOW_V2_TIMEOUT_MS": 1000,
+    "WORKFLOW_INLINE_STEP_DEADLINE_MARGIN_MS": 0,
+    "WORKFLOW_OPEN_WAIT_CLOCK_SKEW_MS": 0,
+}
 
 
 class Proceed(Hook):
@@ -114,21 +122,61 @@ async def start_mid_step(
     ownership_on: bool = True,
     lease_seconds: float = 60.0,
     fail_first: bool = False,
+    steps_elsewhere: bool = False,
     **overrides: Any,
 ) -> MidStep:
-    """Start ``checkout`` and return once ``charge``'s body blocks (its start recorded)."""
-    app = spec8_app(
-        make_app,
-        faulty,
-        WORKFLOW_INLINE_OWNERSHIP=ownership_on,
-        WORKFLOW_INLINE_OWNERSHIP_LEASE_SECONDS=lease_seconds,
+    """Start ``checkout`` and return once ``charge``'s body blocks (its start recorded).
+
+    ``steps_elsewhere``: the app serves only orchestrator messages, and a second app (its
+    own Runtime, so its own single-flight: another worker, as a second process would be)
+    serves the step messages; without it one worker serves both kinds."""
+    if wake == "sleep":
+        overrides = {**SLEEP_PAST_THE_WINDOW, **overrides}
+    tuned = {
+        "WORKFLOW_INLINE_OWNERSHIP": ownership_on,
+        "WORKFLOW_INLINE_OWNERSHIP_LEASE_SECONDS": lease_seconds,
         **overrides,
-    )
-    state: dict[str, MidStep] = {}
+    }
+    order = "o-1"
+    # The steps app first: make_app closes apps in order, and the World with the last.
+    steps = make_app(world=Borrowed(faulty), WORKFLOW_SPEC_VERSION=8, **tuned)
+    app = spec8_app(make_app, faulty, **tuned)
+    scene = MidStep(app, faulty, None, wake, order, fail_first=fail_first)
+    _declare(app, scene)
+    if steps_elsewhere:
+        _declare(steps, scene)
+        await app.serve(role="orchestrator")
+        await steps.serve(role="steps")
+    scene.run = await app.start("checkout", order)
+    async with asyncio.timeout(20):
+        await scene.entered.wait()
+    first = await scene.first_start()
+    assert first.event.attempt == 1 and first.event.inline, "charge did not start inline"
+    if wake == "hook":
+        await scene.until_log("hook_created", lambda log: "hook_created" in _types(log))
+    return scene
+
+
+class Borrowed:
+    """A World another app owns (one local World takes one consumer per instance, so a
+    second worker shares the instance): everything passes through, ``close`` does not."""
+
+    def __init__(self, world: Any) -> None:
+        self._world = world
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._world, name)
+
+    async def close(self) -> None:
+        return None
+
+
+def _declare(app: Workflows, scene: MidStep) -> None:
+    """``charge`` and ``checkout`` on ``app``; the body records into ``scene``."""
+    wake = scene.wake
 
     @app.step
     async def charge(order: str) -> str:
-        scene = state["scene"]
         attempt = step_metadata().attempt
         scene.marker.append(attempt)
         scene.entered.set()
@@ -146,18 +194,6 @@ async def start_mid_step(
         else:
             charged = await charge(order)
         return str(charged)
-
-    order = "o-1"
-    scene = MidStep(app, faulty, None, wake, order, fail_first=fail_first)
-    state["scene"] = scene
-    scene.run = await app.start(checkout, order)
-    async with asyncio.timeout(20):
-        await scene.entered.wait()
-    first = await scene.first_start()
-    assert first.event.attempt == 1 and first.event.inline
-    if wake == "hook":
-        await scene.until_log("hook_created", lambda log: "hook_created" in _types(log))
-    return scene
 
 
 def _types(log: list[events.LoggedEvent]) -> list[str]:

@@ -6,6 +6,12 @@ side-effect marker fires exactly once. Verified bidirectional: with
 WORKFLOW_INLINE_OWNERSHIP=0 the marker fires twice." The same timeline is run with a
 sleep coming due mid-step and a cancel arriving mid-step ("any wake that replayed the
 run mid-step (hook_received, an elapsed wait continuation, a cancellation)").
+
+Both directions run with two workers: one serving orchestrator messages (the owner and
+the wake's delivery, side by side: spec 8 runs are not serialized) and one serving step
+messages, each with its own single-flight, as two processes would be. (In one worker the
+kill switch's duplicate is absorbed by the process single-flight, which covers spec 8
+step messages too: the last test here.)
 """
 
 from __future__ import annotations
@@ -57,7 +63,9 @@ async def test_a_wake_mid_inline_step_runs_the_body_once_under_ownership(
     the owner, does not re-queue charge but arms one delayed backstop keyed
     ``<cid>:backstop:<lastStartedAt>`` (delay at most the lease), and acks. The body's
     marker is recorded exactly once; the run completes with the step's result."""
-    scene = await start_mid_step(make_app, faulty, wake=wake, lease_seconds=LEASE)
+    scene = await start_mid_step(
+        make_app, faulty, wake=wake, lease_seconds=LEASE, steps_elsewhere=True
+    )
     first = await scene.first_start()
     owner = first.event.owner_message_id
     assert owner is not None, "the lazy inline step_started records its owner"
@@ -100,7 +108,7 @@ async def test_with_ownership_off_a_wake_mid_inline_step_runs_the_body_twice(
     starts it again (a bare ``step_started``, attempt 2) and runs the body a second time,
     beside the first: the marker is recorded twice. One outcome still wins."""
     scene = await start_mid_step(
-        make_app, faulty, wake=wake, ownership_on=False, lease_seconds=LEASE
+        make_app, faulty, wake=wake, ownership_on=False, lease_seconds=LEASE, steps_elsewhere=True
     )
     await scene.do_wake()
     await scene.faulty.queue.until(lambda: len(scene.marker) >= 2)
@@ -126,7 +134,12 @@ async def test_a_cancel_mid_inline_step_never_runs_the_body_again(
     kill switch says, no delivery re-queues the running inline step. The marker is
     recorded once, the run ends cancelled, and the owner's late outcome changes nothing."""
     scene = await start_mid_step(
-        make_app, faulty, wake="cancel", ownership_on=ownership_on, lease_seconds=LEASE
+        make_app,
+        faulty,
+        wake="cancel",
+        ownership_on=ownership_on,
+        lease_seconds=LEASE,
+        steps_elsewhere=True,
     )
     first = await scene.first_start()
     assert first.correlation_id is not None
@@ -161,7 +174,7 @@ async def test_the_kill_switch_keeps_stamping_the_owner_but_reverts_dispatch(
     hook's wake sends the step's own message at once (keyed ``step:<run>:<cid>``, no
     delay), never a backstop."""
     scene = await start_mid_step(
-        make_app, faulty, wake="hook", ownership_on=False, lease_seconds=LEASE
+        make_app, faulty, wake="hook", ownership_on=False, lease_seconds=LEASE, steps_elsewhere=True
     )
     first = await scene.first_start()
     owner = first.event.owner_message_id
