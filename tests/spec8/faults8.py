@@ -1,20 +1,29 @@
-"""A fault-injecting World whose queue mints a fresh message id per delivery (seed 000's
-"Worlds with unstable message IDs"), in the style of tests/engine/faults.py.
+"""Queue faults neither real World can produce on demand, for seed 000's degraded-mode
+tests, in the style of tests/engine/faults.py.
 
-Neither real World can do this: the local queue and NATS both keep one message id
-across redeliveries (seed 000 "Why the identity is the queue messageId"). So
-``UnstableIdsWorld`` wraps a real World and hands every handler a copy of its
-``DeliveryMeta`` with a new ``message_id`` (``fresh-<n>``) on every delivery,
-redeliveries included; everything else (the message, its key, counts, the
-lease) is the real queue's. Wrap it in a ``FaultyWorld`` to record what the
-handlers saw: ``FaultyWorld(UnstableIdsWorld(world))``.
+``DeliveryFaultsWorld`` wraps a real World (local, or Postgres + NATS) and changes
+only what its queue hands the handlers:
+
+- ``fresh_ids=True``: every delivery, redeliveries included, gets a copy of its
+  ``DeliveryMeta`` with a new ``message_id`` (``fresh-<n>``): seed 000's "World
+  whose queue mints fresh IDs per delivery". The local queue and NATS both keep one
+  id across redeliveries ("Why the identity is the queue messageId"), so this is
+  the only way to run the mode; the message, its key, counts and lease are the
+  real queue's.
+- ``purged``: message ids whose deliveries are taken off the queue unrun (acked
+  without calling the handler): an operator's purge, or a redrive policy's
+  dead-letter, which the SDK never observes (seed 000 "Owner-message loss the SDK
+  never observes"). Each is recorded in ``queue.purged_deliveries``.
+
+Wrap it in a ``FaultyWorld`` to record what the handlers saw:
+``FaultyWorld(DeliveryFaultsWorld(world, fresh_ids=True))``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from treadle.world import contract, messages
@@ -22,36 +31,44 @@ from treadle.world import contract, messages
 _fresh = itertools.count(1)
 
 
-class UnstableIdsQueue:
-    def __init__(self, inner: contract.Queue) -> None:
+class DeliveryFaultsQueue:
+    def __init__(self, inner: contract.Queue, *, fresh_ids: bool, purged: Iterable[str]) -> None:
         self._inner = inner
+        self.fresh_ids = fresh_ids
+        self.purged = set(purged)
         # (the real queue's id, the id the handler was given), one per delivery.
         self.minted: list[tuple[str, str]] = []
+        self.purged_deliveries: list[messages.DeliveryMeta] = []
 
     async def consume(
         self, handlers: Mapping[messages.MessageKind, contract.Handler], *, concurrency: int = 32
     ) -> contract.Consumer:
-        def fresh_ids(handler: contract.Handler) -> contract.Handler:
-            async def with_a_fresh_id(message: Any, meta: messages.DeliveryMeta) -> Any:
-                minted = f"fresh-{next(_fresh)}"
-                self.minted.append((meta.message_id, minted))
-                return await handler(message, dataclasses.replace(meta, message_id=minted))
+        def faulty(handler: contract.Handler) -> contract.Handler:
+            async def delivered(message: Any, meta: messages.DeliveryMeta) -> Any:
+                if meta.message_id in self.purged:
+                    self.purged_deliveries.append(meta)
+                    return messages.ACK
+                if self.fresh_ids:
+                    minted = f"fresh-{next(_fresh)}"
+                    self.minted.append((meta.message_id, minted))
+                    meta = dataclasses.replace(meta, message_id=minted)
+                return await handler(message, meta)
 
-            return with_a_fresh_id
+            return delivered
 
-        wrapped = {kind: fresh_ids(h) for kind, h in handlers.items()}
+        wrapped = {kind: faulty(h) for kind, h in handlers.items()}
         return await self._inner.consume(wrapped, concurrency=concurrency)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 
 
-class UnstableIdsWorld:
-    """A real World whose queue gives each delivery a message id never seen before."""
+class DeliveryFaultsWorld:
+    """A real World whose queue deliveries get fresh ids and/or lose purged messages."""
 
-    def __init__(self, inner: Any) -> None:
+    def __init__(self, inner: Any, *, fresh_ids: bool = False, purged: Iterable[str] = ()) -> None:
         self.inner = inner
-        self.queue = UnstableIdsQueue(inner.queue)
+        self.queue = DeliveryFaultsQueue(inner.queue, fresh_ids=fresh_ids, purged=purged)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)

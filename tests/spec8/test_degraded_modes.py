@@ -11,7 +11,7 @@ from treadle.world import events
 
 from ..engine.conftest import MakeApp
 from ..engine.faults import FaultyWorld
-from .faults8 import UnstableIdsWorld
+from .faults8 import DeliveryFaultsWorld
 from .procs import Cluster
 from .scenarios import start_mid_step
 
@@ -41,7 +41,9 @@ async def test_unstable_message_ids_recover_a_crashed_owner_through_the_backstop
     cluster.kill(first)
 
     app, faulty = await cluster.serve_here(
-        1.0, wrap=UnstableIdsWorld, WORKFLOW_INLINE_OWNERSHIP_LEASE_SECONDS=lease
+        1.0,
+        wrap=lambda world: DeliveryFaultsWorld(world, fresh_ids=True),
+        WORKFLOW_INLINE_OWNERSHIP_LEASE_SECONDS=lease,
     )
     run = app.get_run(run_id)
     assert await run.result(timeout=30) == "u:2", "the run wedged"
@@ -70,12 +72,15 @@ async def test_a_retrying_inline_step_goes_to_its_message_after_its_backoff_not_
     make_app: MakeApp, faulty: FaultyWorld
 ) -> None:
     """Seed 000 "step_retrying lapses ownership permanently" and backstop shape #1 ("the
-    backstop must not be the step's own message ... the pending backstop absorbed it,
-    turning a 1-second retry into a full-lease stall"). A hook wake arms a backstop (lease
-    30 s) while charge's first attempt runs inline; the attempt then fails retryably. The
-    retry goes to the step's own message (keyed ``step:<run>:<cid>``) with its ~1 s
-    backoff, is not absorbed by the pending backstop, and runs as a bare start (the step
-    is queue-owned now) about a second later, far inside the lease."""
+        backstop must not be the step's own message ... the pending backstop absorbed it,
+        turning a 1-second retry into a full-lease stall"). A hook wake arms a backstop (lease
+        30 s) while charge's first attempt runs inline; the attempt then fails retryably. The
+        retry goes to the step's own message (keyed ``step:<run>:<cid>``) with its ~1 s
+        backoff, is not absorbed by the pending backstop, and runs as a bare start (the step
+        is queue-owned now) once its backoff is over, about a second later, far inside the lease.
+    (Whichever delivery replays first after ``step_retrying`` sends the step's message, the
+    decision table's "ownership lapsed" row or the body's retry hand-off: both under the
+    step's key, and the step handler holds the attempt until ``retry_after``.)"""
     lease = 30.0
     scene = await start_mid_step(
         make_app,
@@ -101,8 +106,12 @@ async def test_a_retrying_inline_step_goes_to_its_message_after_its_backoff_not_
     assert starts[1].event.owner_message_id is None, "a retry is queue-owned"
     after = (starts[1].created_at - retrying.created_at).total_seconds()
     assert after < 10, f"the retry stalled {after:.1f} s (the lease is {lease:.0f} s)"
+    assert retrying.event.retry_after is not None
+    early = (retrying.event.retry_after - starts[1].created_at).total_seconds()
+    assert early < 0.25, f"the retry ran {early:.2f} s before its backoff was over"
     retries = scene.step_sends(cid)
     assert retries, "the retry went to the step's own message"
-    assert retries[0].send is not None and 0.5 <= retries[0].send.delay_seconds <= 2.0
+    (written,) = [t for t in faulty.trace if t.what == "write" and t.name == "step_retrying"]
+    assert all(t.seq > written.seq for t in retries), "the step was queued before it failed"
     (backstop_key,) = {t.name for t in scene.backstops()}
     assert backstop_key != retries[0].name and backstop_key.startswith(f"{cid}:backstop:")

@@ -17,7 +17,21 @@ import pytest
 from treadle.orchestrator.spec8 import ownership
 from treadle.world import events
 
+from .faults8 import DeliveryFaultsWorld
 from .procs import Cluster
+
+
+async def _owner_of_the_first_start(cluster: Cluster, run_id: str) -> str:
+    """The message id the lazy inline start stamped (read before this process serves)."""
+    world = await cluster.open_world(2.0)
+    try:
+        page = await world.events.list(run_id, after_slot=0)
+    finally:
+        await world.close()
+        cluster.worlds.remove(world)
+    (start, *_) = [e for e in page.events if isinstance(e.event, events.StepStarted)]
+    assert start.event.owner_message_id is not None
+    return start.event.owner_message_id
 
 
 def _starts(log: list[events.LoggedEvent]) -> list[events.LoggedEvent]:
@@ -78,26 +92,32 @@ async def test_a_dead_owner_whose_message_is_gone_is_recovered_by_the_backstop(
     observes) and "Why the non-owner action is a delayed backstop wake" (owner dead with
     lease expired: immediate dispatch, preserving step-level failure for poison steps).
 
-    The owner is killed mid-body with an ownership lease of 3 s; its message stays out
-    of reach (a queue lease of 60 s: to recovery it is as gone as a dead-lettered or
-    purged message). A hook wake replays the run: the step is owned by a dead message,
-    so the wake arms the backstop ``<cid>:backstop:<lastStartedAt>``, delayed by the
-    lease's remainder, and acks. The backstop fires after the lease, finds it expired,
-    and sends the step's own message at once (keyed ``step:<run>:<cid>``); the body runs
-    on the background path (a bare ``step_started``, attempt 2). It is a poison step: it
-    fails there step-level, and the workflow catches the failure and completes."""
+    The owner is killed mid-body with an ownership lease of 3 s, and its message is
+    purged: the queue's redelivery of it is taken off unrun (faults8.py; the local World
+    redelivers a dead process's messages at once, NATS after the queue lease). A hook
+    wake replays the run: the step is owned by a dead message, so the wake arms the
+    backstop ``<cid>:backstop:<lastStartedAt>``, delayed by the lease's remainder, and
+    acks. The backstop fires after the lease, finds it expired, and sends the step's own
+    message at once (keyed ``step:<run>:<cid>``); the body runs on the background path (a
+    bare ``step_started``, attempt 2). It is a poison step: it fails there step-level,
+    and the workflow catches the failure and completes."""
     lease = 3.0
     monkeypatch.setenv("TREADLE_TEST_POISON", "1")
     run_id = await cluster.start("owned_with_hook", "p")
     first = cluster.start_worker(
         TREADLE_TEST_HANG_FIRST_ATTEMPT="1",
-        TREADLE_QUEUE_LEASE_SECONDS="60",
+        TREADLE_QUEUE_LEASE_SECONDS="2",
         WORKFLOW_INLINE_OWNERSHIP_LEASE_SECONDS=str(lease),
     )
     cluster.wait_for_line("p start 1", first)
     cluster.kill(first)
+    owner = await _owner_of_the_first_start(cluster, run_id)
 
-    app, faulty = await cluster.serve_here(60, WORKFLOW_INLINE_OWNERSHIP_LEASE_SECONDS=lease)
+    app, faulty = await cluster.serve_here(
+        2.0,
+        wrap=lambda world: DeliveryFaultsWorld(world, purged={owner}),
+        WORKFLOW_INLINE_OWNERSHIP_LEASE_SECONDS=lease,
+    )
     run = app.get_run(run_id)
     await app.resume_hook("go:p", {"go": True})
     assert await run.result(timeout=30) == "caught FatalError: poison step p"
@@ -106,8 +126,7 @@ async def test_a_dead_owner_whose_message_is_gone_is_recovered_by_the_backstop(
     log = await run.events()
     starts = _starts(log)
     assert [s.event.attempt for s in starts] == [1, 2]
-    owner = starts[0].event.owner_message_id
-    assert owner is not None
+    assert starts[0].event.owner_message_id == owner
     assert starts[1].event.owner_message_id is None, "the background path's start is bare"
     cid = starts[0].correlation_id
     assert cid is not None
@@ -126,5 +145,5 @@ async def test_a_dead_owner_whose_message_is_gone_is_recovered_by_the_backstop(
     assert types.count("step_failed") == 1
     assert types[-1] == "run_completed"
     assert not [s for s in faulty.queue.started if s.meta.message_id == owner], (
-        "the owner's message was out of reach"
+        "the owner's message was purged, never run"
     )
