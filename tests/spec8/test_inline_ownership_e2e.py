@@ -22,7 +22,7 @@ from collections.abc import Callable
 import pytest
 
 from treadle import RunCancelledError
-from treadle.world import events
+from treadle.world import events, messages
 
 from ..engine.conftest import MakeApp
 from ..engine.faults import FaultyWorld
@@ -230,6 +230,15 @@ async def test_a_backstop_firing_while_the_owner_is_mid_body_is_absorbed_in_proc
     assert _types(log).count("step_completed") == 1
     (warning,) = {r.getMessage() for r in caplog.records if _absorption(r, scene.run.run_id)}
     assert first.correlation_id is not None and first.correlation_id in warning
+
+    def loser_acked() -> bool:
+        """The loser (the step's message) was acknowledged once the winner settled."""
+        answers = [a for a in faulty.queue.answers if a.kind == "step"]
+        return bool(answers) and answers[-1].result == messages.ACK
+
+    await faulty.queue.until(loser_acked)
+    assert not [a for a in faulty.queue.answers if a.error is not None]
+    assert scene.marker == [1]
 
 
 def _absorption(record: logging.LogRecord, run_id: str) -> bool:
