@@ -5,8 +5,10 @@ effect, which the test counts): ``<name> start <attempt>`` then ``<name> done
 <attempt>``. With ``TREADLE_TEST_HANG_FIRST_ATTEMPT`` set, attempt 1 hangs after
 its start line, so the test can kill the worker inside the body; with
 ``TREADLE_TEST_POISON`` set, every attempt after the first fails with a
-``FatalError`` (a poison step, failed step-level). ``register(app)`` declares
-them on an app (the test process's); ``app`` is the subprocess worker's.
+``FatalError`` (a poison step, failed step-level). In the test process, an
+``asyncio.Event`` in ``GATES[name]`` holds every attempt after the first until it is
+set. ``register(app)`` declares them on an app (the test process's); ``app`` is the
+subprocess worker's.
 """
 
 from __future__ import annotations
@@ -16,6 +18,9 @@ import os
 from pathlib import Path
 
 from treadle import FatalError, Hook, StepFailed, Workflows, step_metadata
+
+# Test-process gates: attempts after the first of step ``name`` wait for GATES[name].
+GATES: dict[str, asyncio.Event] = {}
 
 
 class Go(Hook):
@@ -29,18 +34,37 @@ def record(line: str) -> None:
         os.fsync(effects.fileno())
 
 
+async def _body(name: str) -> str:
+    attempt = step_metadata().attempt
+    record(f"{name} start {attempt}")
+    if attempt == 1 and os.environ.get("TREADLE_TEST_HANG_FIRST_ATTEMPT"):
+        await asyncio.sleep(3600)
+    gate = GATES.get(name)
+    if attempt > 1 and gate is not None:
+        await gate.wait()
+    if attempt > 1 and os.environ.get("TREADLE_TEST_POISON"):
+        record(f"{name} poisoned {attempt}")
+        raise FatalError(f"poison step {name}")
+    record(f"{name} done {attempt}")
+    return f"{name}:{attempt}"
+
+
 def register(app: Workflows) -> None:
     @app.step
     async def long_body(name: str) -> str:
-        attempt = step_metadata().attempt
-        record(f"{name} start {attempt}")
-        if attempt == 1 and os.environ.get("TREADLE_TEST_HANG_FIRST_ATTEMPT"):
-            await asyncio.sleep(3600)
-        if attempt > 1 and os.environ.get("TREADLE_TEST_POISON"):
-            record(f"{name} poisoned {attempt}")
-            raise FatalError(f"poison step {name}")
-        record(f"{name} done {attempt}")
-        return f"{name}:{attempt}"
+        return await _body(name)
+
+    @app.step(max_retries=0)
+    async def at_most_once(name: str) -> str:
+        return await _body(name)
+
+    @app.workflow
+    async def owned_at_most_once(name: str) -> str:
+        """One inline ``max_retries=0`` step: never run twice, even by owned recovery."""
+        try:
+            return await at_most_once(name)
+        except StepFailed as exc:
+            return f"failed: {exc.error_type}"
 
     @app.workflow
     async def owned(name: str) -> str:

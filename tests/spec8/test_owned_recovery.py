@@ -10,13 +10,16 @@ and, when that message is out of reach, recovery through the backstop after the 
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from typing import Any
 
 import pytest
 
 from treadle.orchestrator.spec8 import ownership
 from treadle.world import events
 
+from . import spec8_workflows
 from .faults8 import DeliveryFaultsWorld
 from .procs import Cluster
 
@@ -147,3 +150,88 @@ async def test_a_dead_owner_whose_message_is_gone_is_recovered_by_the_backstop(
     assert not [s for s in faulty.queue.started if s.meta.message_id == owner], (
         "the owner's message was purged, never run"
     )
+
+
+async def test_a_wake_during_owned_recovery_defers_to_the_re_stamped_owner(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Seed 000 "Latest step_started wins ... This is why owner recovery must re-stamp its
+    bare start: an unstamped recovery start would read as unowned to a later wake, which
+    would immediately requeue the step the owner is re-running" and "The backstop key must
+    change when ownership is re-stamped". The owner is killed mid-body; its redelivery
+    re-runs the step (attempt 2, re-stamped) and blocks there. A hook wake now replays
+    the run: it does not re-queue the step, and the backstop it arms is keyed by the
+    re-stamped start (the new ownership epoch), not the first one. Released, the
+    recovered attempt completes the run; the body ran once per epoch, never twice."""
+    gate = asyncio.Event()
+    monkeypatch.setitem(spec8_workflows.GATES, "g", gate)
+    run_id = await cluster.start("owned_with_hook", "g")
+    first = cluster.start_worker(
+        TREADLE_TEST_HANG_FIRST_ATTEMPT="1",
+        TREADLE_QUEUE_LEASE_SECONDS="1.5",
+        WORKFLOW_INLINE_OWNERSHIP_LEASE_SECONDS="60",
+    )
+    cluster.wait_for_line("g start 1", first)
+    cluster.kill(first)
+
+    app, faulty = await cluster.serve_here(1.5, WORKFLOW_INLINE_OWNERSHIP_LEASE_SECONDS=60)
+    run = app.get_run(run_id)
+    await faulty.queue.until(lambda: "g start 2" in cluster.lines())
+    starts = _starts(await run.events())
+    assert [s.event.attempt for s in starts] == [1, 2]
+    owner = starts[0].event.owner_message_id
+    assert owner is not None and starts[1].event.owner_message_id == owner
+    cid = starts[0].correlation_id
+    assert cid is not None
+    epoch_2 = ownership.backstop_key(cid, starts[1].created_at)
+    assert epoch_2 != ownership.backstop_key(cid, starts[0].created_at)
+
+    await app.resume_hook("go:g", {"go": True})
+
+    def armed() -> list[Any]:
+        return [
+            t
+            for t in faulty.trace
+            if t.what == "send"
+            and ":backstop:" in t.name
+            and t.by is not None
+            and t.by.meta.message_id != owner
+            and any(a.meta is t.by.meta for a in faulty.queue.answers)
+        ]
+
+    await faulty.queue.until(lambda: bool(armed()))
+    assert {t.name for t in armed()} == {epoch_2}, "the backstop names the recovered epoch"
+    assert not [t for t in faulty.trace if t.name == f"step:{run_id}:{cid}"], (
+        "the wake re-queued the step the owner is re-running"
+    )
+    assert "g start 3" not in cluster.lines()
+    gate.set()
+    assert await run.result(timeout=20) == "g:2"
+    assert cluster.lines() == ["g start 1", "g start 2", "g done 2"]
+
+
+async def test_owned_recovery_of_a_max_retries_0_step_fails_it_unrun(cluster: Cluster) -> None:
+    """Seed 000's decision table (owned recovery) under the at-most-once rule of
+    ``max_retries=0`` (docs/spec8-orchestrator.md: "A max_retries=0 step that was already
+    started is failed as exhausted, never run twice"). The owner dies mid-body; its
+    redelivery owns the step but does not run the body again: the step fails as
+    exhausted, the workflow catches it, and the body's side effect happened once."""
+    run_id = await cluster.start("owned_at_most_once", "z")
+    first = cluster.start_worker(
+        TREADLE_TEST_HANG_FIRST_ATTEMPT="1",
+        TREADLE_QUEUE_LEASE_SECONDS="1.5",
+        WORKFLOW_INLINE_OWNERSHIP_LEASE_SECONDS="60",
+    )
+    cluster.wait_for_line("z start 1", first)
+    cluster.kill(first)
+
+    app, faulty = await cluster.serve_here(1.5, WORKFLOW_INLINE_OWNERSHIP_LEASE_SECONDS=60)
+    run = app.get_run(run_id)
+    assert await run.result(timeout=30) == "failed: StepAttemptsExhausted"
+    assert cluster.lines() == ["z start 1"], "a max_retries=0 body ran twice"
+    log = await run.events()
+    owner = _starts(log)[0].event.owner_message_id
+    assert [s for s in faulty.queue.started if s.meta.message_id == owner], (
+        "the owner's message was redelivered here"
+    )
+    assert [e.type for e in log].count("step_failed") == 1
