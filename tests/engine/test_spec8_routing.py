@@ -12,13 +12,14 @@ orchestrator", "Routing edge cases"), on the local World.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
 
-from treadle import Workflows, runwrites, settings
+from treadle import Workflows, runwrites, settings, sleep
 from treadle.orchestrator.delivery import OrchestratorDelivery
 from treadle.world import events, messages, records
 from treadle.worlds.local import LocalWorld
@@ -174,4 +175,58 @@ async def test_start_mints_the_run_format_from_the_setting_and_the_worlds_fence(
         assert start.message.run_input.spec_version == minted
         assert caplog.records == []
     finally:
+        await world.close()
+
+
+@pytest.mark.parametrize(("run_version", "hint"), [(8, 9), (9, 8)])
+async def test_a_wrongly_hinted_wake_still_drives_the_run_in_its_own_format(
+    tmp_path: Path, run_version: int, hint: int
+) -> None:
+    """Seed 003 "Resolving a delivery's spec", end to end with a worker: a sleeping run's
+    wait is completed out-of-band and a wake hinting the other format is sent. The wrong
+    orchestrator sends it again with the run's version (one hand-off, stamped
+    ``run_version``) and the run's own orchestrator completes it; a run never changes
+    format."""
+    world = await _world(tmp_path)
+    app = Workflows(
+        world=world,  # type: ignore[arg-type]
+        settings_=settings.load({}, **FAST, WORKFLOW_SPEC_VERSION=run_version),
+        worker=True,
+    )
+    try:
+
+        @app.workflow
+        async def napping() -> str:
+            await sleep("1h")
+            return "rested"
+
+        run = await app.start(napping)
+        waits: list[str | None] = []
+        async with asyncio.timeout(10):
+            while not waits:  # the World's view of the worker's progress
+                waits = [e.correlation_id for e in await run.events() if e.type == "wait_created"]
+                await asyncio.sleep(0.02)
+        (wait,) = waits
+        assert wait is not None
+        await world.events.create(
+            run.run_id, events.WaitCompleted(correlation_id=wait), in_band=False
+        )
+        sent_before = len(world.queue.sent)
+        await world.queue.send(
+            messages.OrchestratorMessage(
+                run_id=run.run_id, deployment_id="local", run_spec_version=hint
+            )
+        )
+        assert await run.result(timeout=15) == "rested"
+        assert (await run.get()).spec_version == run_version
+        later = [
+            s.message
+            for s in world.queue.sent[sent_before + 1 :]
+            if isinstance(s.message, messages.OrchestratorMessage)
+            and s.message.wait_continuation is None
+        ]
+        assert later and later[0].run_spec_version == run_version, "handed off, re-stamped"
+        assert all(m.spec_version == run_version for m in later)
+    finally:
+        await app.close()
         await world.close()
