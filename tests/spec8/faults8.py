@@ -14,6 +14,10 @@ only what its queue hands the handlers:
   without calling the handler): an operator's purge, or a redrive policy's
   dead-letter, which the SDK never observes (seed 000 "Owner-message loss the SDK
   never observes"). Each is recorded in ``queue.purged_deliveries``.
+- ``queue.redeliver_as = message_id``: the next orchestrator delivery is handed to
+  its handler as a redelivery of ``message_id`` (that id, a delivery count of 2):
+  seed 000's "Redelivery-while-alive" (a visibility lapse hands the owner's message
+  to a second consumer while the owner still runs). Recorded in ``queue.impersonated``.
 
 Wrap it in a ``FaultyWorld`` to record what the handlers saw:
 ``FaultyWorld(DeliveryFaultsWorld(world, fresh_ids=True))``.
@@ -39,6 +43,8 @@ class DeliveryFaultsQueue:
         # (the real queue's id, the id the handler was given), one per delivery.
         self.minted: list[tuple[str, str]] = []
         self.purged_deliveries: list[messages.DeliveryMeta] = []
+        self.redeliver_as: str | None = None
+        self.impersonated: list[messages.DeliveryMeta] = []
 
     async def consume(
         self, handlers: Mapping[messages.MessageKind, contract.Handler], *, concurrency: int = 32
@@ -48,7 +54,18 @@ class DeliveryFaultsQueue:
                 if meta.message_id in self.purged:
                     self.purged_deliveries.append(meta)
                     return messages.ACK
-                if self.fresh_ids:
+                if self.redeliver_as is not None and isinstance(
+                    message, messages.OrchestratorMessage
+                ):
+                    as_id, self.redeliver_as = self.redeliver_as, None
+                    meta = dataclasses.replace(
+                        meta,
+                        message_id=as_id,
+                        delivery_count=max(meta.delivery_count, 2),
+                        attempt=max(meta.attempt, 2),
+                    )
+                    self.impersonated.append(meta)
+                elif self.fresh_ids:
                     minted = f"fresh-{next(_fresh)}"
                     self.minted.append((meta.message_id, minted))
                     meta = dataclasses.replace(meta, message_id=minted)

@@ -139,11 +139,15 @@ async def start_mid_step(
     }
     order = "o-1"
     # The steps app first: make_app closes apps in order, and the World with the last.
-    steps = make_app(world=Borrowed(faulty), WORKFLOW_SPEC_VERSION=8, **tuned)
+    steps = (
+        make_app(world=Borrowed(faulty), WORKFLOW_SPEC_VERSION=8, **tuned)
+        if steps_elsewhere
+        else None
+    )
     app = spec8_app(make_app, faulty, **tuned)
     scene = MidStep(app, faulty, None, wake, order, fail_first=fail_first)
     _declare(app, scene)
-    if steps_elsewhere:
+    if steps is not None:
         _declare(steps, scene)
         await app.serve(role="orchestrator")
         await steps.serve(role="steps")

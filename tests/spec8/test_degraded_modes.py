@@ -6,10 +6,14 @@ short backoff (backstop shape #1: never stalled a whole lease behind a backstop)
 
 from __future__ import annotations
 
+import logging
+
+import pytest
+
 from treadle.orchestrator.spec8 import ownership
 from treadle.world import events
 
-from ..engine.conftest import MakeApp
+from ..engine.conftest import MakeApp, OpenWorld
 from ..engine.faults import FaultyWorld
 from .faults8 import DeliveryFaultsWorld
 from .procs import Cluster
@@ -115,3 +119,40 @@ async def test_a_retrying_inline_step_goes_to_its_message_after_its_backoff_not_
     assert all(t.seq > written.seq for t in retries), "the step was queued before it failed"
     (backstop_key,) = {t.name for t in scene.backstops()}
     assert backstop_key != retries[0].name and backstop_key.startswith(f"{cid}:backstop:")
+
+
+async def test_an_owner_redelivery_while_the_owner_still_runs_is_absorbed_in_process(
+    make_app: MakeApp, open_world: OpenWorld, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Seed 000 "Accepted residual risks: Redelivery-while-alive ... the owner check passes
+    on a redelivery racing the live owner ... The in-process single-flight absorbs the
+    same-instance case." While charge's inline body runs, the queue hands the owner's
+    message to this process again (faults8.py: the hook's wake is delivered as a
+    redelivery of the owner's id). Its replay finds the step owned by itself, but the
+    body is already running here: the single-flight loser runs nothing, re-stamps
+    nothing, and waits; the body ran once and the run completes with its result."""
+    caplog.set_level(logging.WARNING, logger="treadle")
+    faulty = FaultyWorld(DeliveryFaultsWorld(await open_world()))
+    scene = await start_mid_step(make_app, faulty, wake="hook", lease_seconds=60.0)
+    first = await scene.first_start()
+    owner = first.event.owner_message_id
+    assert owner is not None
+    faults = faulty.inner.queue
+    faults.redeliver_as = owner
+    await scene.do_wake()
+    await faulty.queue.until(lambda: bool(faults.impersonated))
+    await faulty.queue.until(
+        lambda: any(_absorbed(r, scene.run.run_id) for r in caplog.records), timeout=20
+    )
+    assert scene.marker == [1], "the owner's redelivery ran the body beside the owner"
+    scene.release.set()
+    assert await scene.run.result(timeout=20) == "charged o-1"
+    assert scene.marker == [1]
+    log = await scene.log()
+    assert [e.event.attempt for e in _starts(log)] == [1], "the loser re-stamped the step"
+    assert [e.type for e in log].count("step_completed") == 1
+
+
+def _absorbed(record: logging.LogRecord, run_id: str) -> bool:
+    text = record.getMessage()
+    return record.levelno == logging.WARNING and run_id in text and "already running" in text
