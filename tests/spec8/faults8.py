@@ -19,7 +19,11 @@ only what its queue hands the handlers:
   seed 000's "Redelivery-while-alive" (a visibility lapse hands the owner's message
   to a second consumer while the owner still runs). Recorded in ``queue.impersonated``.
 
-Wrap it in a ``FaultyWorld`` to record what the handlers saw:
+``ShiftedStartsWorld`` wraps a real World so every ``step_started`` it reports
+(pages, the live feed, write answers) reads ``shift`` off its stored time: seed
+000's "missing/unusable event timestamps", and a server clock running ahead.
+
+Wrap either in a ``FaultyWorld`` to record what the handlers saw:
 ``FaultyWorld(DeliveryFaultsWorld(world, fresh_ids=True))``.
 """
 
@@ -27,10 +31,11 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from datetime import timedelta
 from typing import Any
 
-from treadle.world import contract, messages
+from treadle.world import contract, events, messages, records
 
 _fresh = itertools.count(1)
 
@@ -86,6 +91,66 @@ class DeliveryFaultsWorld:
     def __init__(self, inner: Any, *, fresh_ids: bool = False, purged: Iterable[str] = ()) -> None:
         self.inner = inner
         self.queue = DeliveryFaultsQueue(inner.queue, fresh_ids=fresh_ids, purged=purged)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+class ShiftedStartsEvents:
+    """A World's events whose ``step_started`` timestamps read ``shift`` off, everywhere
+    the delivery sees them: pages, the live feed, and the answers to its own writes."""
+
+    def __init__(self, inner: Any, shift: timedelta) -> None:
+        self._inner = inner
+        self.shift = shift
+
+    def _fix(self, logged: events.LoggedEvent) -> events.LoggedEvent:
+        if logged.type != "step_started":
+            return logged
+        return logged.model_copy(update={"created_at": logged.created_at + self.shift})
+
+    async def list(self, run_id: str, **kw: Any) -> records.EventPage:
+        page: records.EventPage = await self._inner.list(run_id, **kw)
+        return dataclasses.replace(page, events=tuple(self._fix(e) for e in page.events))
+
+    def subscribe(
+        self,
+        run_id: str,
+        after_slot: int,
+        on_event: Callable[[events.LoggedEvent], None],
+        on_error: Callable[[BaseException], None],
+    ) -> Any:
+        return self._inner.subscribe(run_id, after_slot, lambda e: on_event(self._fix(e)), on_error)
+
+    async def create(self, run_id: str, event: events.Event, **kw: Any) -> records.EventResult:
+        result: records.EventResult = await self._inner.create(run_id, event, **kw)
+        return dataclasses.replace(result, event=self._fix(result.event))
+
+    async def create_batch(
+        self, run_id: str, batch: Sequence[events.Event], **kw: Any
+    ) -> records.BatchResult:
+        result: records.BatchResult = await self._inner.create_batch(run_id, batch, **kw)
+        items = tuple(
+            dataclasses.replace(i, event=self._fix(i.event)) if i.event is not None else i
+            for i in result.items
+        )
+        return dataclasses.replace(result, items=items)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+class ShiftedStartsWorld:
+    """A real World whose ``step_started`` events carry unusable timestamps: ``shift``
+    into the past (seed 000 "missing/unusable event timestamps (lease remaining 0)") or
+    the future (a server clock ahead of the deliveries': the lease's skew clamp)."""
+
+    def __init__(self, inner: Any, shift: timedelta) -> None:
+        self.inner = inner
+        self.events = ShiftedStartsEvents(inner.events, shift)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)

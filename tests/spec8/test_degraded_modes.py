@@ -7,6 +7,7 @@ short backoff (backstop shape #1: never stalled a whole lease behind a backstop)
 from __future__ import annotations
 
 import logging
+from datetime import timedelta
 
 import pytest
 
@@ -14,10 +15,10 @@ from treadle.orchestrator.spec8 import ownership
 from treadle.world import events
 
 from ..engine.conftest import MakeApp, OpenWorld
-from ..engine.faults import FaultyWorld
-from .faults8 import DeliveryFaultsWorld
+from ..engine.faults import FaultyWorld, Traced
+from .faults8 import DeliveryFaultsWorld, ShiftedStartsWorld
 from .procs import Cluster
-from .scenarios import start_mid_step
+from .scenarios import expected_backstop_key, start_mid_step
 
 
 def _starts(log: list[events.LoggedEvent]) -> list[events.LoggedEvent]:
@@ -156,3 +157,42 @@ async def test_an_owner_redelivery_while_the_owner_still_runs_is_absorbed_in_pro
 def _absorbed(record: logging.LogRecord, run_id: str) -> bool:
     text = record.getMessage()
     return record.levelno == logging.WARNING and run_id in text and "already running" in text
+
+
+@pytest.mark.parametrize("start_times", ["unusable", "server-ahead"])
+async def test_unusable_or_skewed_start_times_degrade_safely(
+    make_app: MakeApp, open_world: OpenWorld, start_times: str
+) -> None:
+    """Seed 000 "Degraded modes are all today's behavior, never worse: ... missing/
+    unusable event timestamps (lease remaining 0: immediate enqueue)" and "The upper clamp
+    exists for clock skew". The World reports charge's ``step_started`` ten years in the
+    past (faults8.py): the hook's wake finds no lease left and sends the step's message
+    at once, arming no backstop; in this one worker the single-flight absorbs it, and the
+    run completes with the body run once. Or it reports the start an hour ahead (the
+    server's clock ahead of the delivery's): the remainder is clamped to the lease, and
+    the backstop's delay is the lease, never more."""
+    lease = 60.0
+    shift = timedelta(days=-3650) if start_times == "unusable" else timedelta(hours=1)
+    faulty = FaultyWorld(ShiftedStartsWorld(await open_world(), shift))
+    scene = await start_mid_step(make_app, faulty, wake="hook", lease_seconds=lease)
+    first = await scene.first_start()
+    owner = first.event.owner_message_id
+    cid = first.correlation_id
+    assert owner is not None and cid is not None
+    await scene.do_wake()
+
+    def by_the_wake(sent: list[Traced]) -> list[Traced]:
+        return [t for t in sent if t.by is not None and t.by.meta.message_id != owner]
+
+    if start_times == "unusable":
+        await faulty.queue.until(lambda: bool(by_the_wake(scene.step_sends(cid))))
+        assert not scene.backstops(), "no lease is left to arm a backstop for"
+    else:
+        await faulty.queue.until(lambda: bool(by_the_wake(scene.backstops())))
+        (armed, *_) = scene.backstops()
+        assert armed.send is not None and armed.send.key == expected_backstop_key(first)
+        assert lease - 1 <= armed.send.delay_seconds <= lease, "the skew clamp"
+        assert not scene.step_sends(cid)
+    scene.release.set()
+    assert await scene.run.result(timeout=20) == "charged o-1"
+    assert scene.marker == [1]
