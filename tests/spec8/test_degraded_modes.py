@@ -32,10 +32,11 @@ async def test_unstable_message_ids_recover_a_crashed_owner_through_the_backstop
     mechanism" and "Degraded modes": the owner is killed mid-body; the queue redelivers its
     message, but this World's queue gives every delivery a fresh id (faults8.py), so the
     owner check never matches, not even on the crashed owner's own redelivery. That
-    redelivery defers and arms the backstop for the lease's remainder (3 s); the backstop
-    finds the lease expired and sends the step's message; the body runs once more, on the
-    background path, and the run completes: no wedge, no owned re-run, one completion."""
-    lease = 3.0
+    redelivery defers and arms the backstop for the lease's remainder (a 5 s lease: NATS
+    redelivers after its 1 s queue lease); the backstop finds the lease expired and sends
+    the step's message; the body runs once more, on the background path, and the run
+    completes: no wedge, no owned re-run, one completion."""
+    lease = 5.0
     run_id = await cluster.start("owned", "u")
     first = cluster.start_worker(
         TREADLE_TEST_HANG_FIRST_ATTEMPT="1",

@@ -95,7 +95,7 @@ async def test_a_dead_owner_whose_message_is_gone_is_recovered_by_the_backstop(
     observes) and "Why the non-owner action is a delayed backstop wake" (owner dead with
     lease expired: immediate dispatch, preserving step-level failure for poison steps).
 
-    The owner is killed mid-body with an ownership lease of 3 s, and its message is
+    The owner is killed mid-body with an ownership lease of 4 s, and its message is
     purged: the queue's redelivery of it is taken off unrun (faults8.py; the local World
     redelivers a dead process's messages at once, NATS after the queue lease). A hook
     wake replays the run: the step is owned by a dead message, so the wake arms the
@@ -104,7 +104,7 @@ async def test_a_dead_owner_whose_message_is_gone_is_recovered_by_the_backstop(
     message at once (keyed ``step:<run>:<cid>``); the body runs on the background path (a
     bare ``step_started``, attempt 2). It is a poison step: it fails there step-level,
     and the workflow catches the failure and completes."""
-    lease = 3.0
+    lease = 4.0
     monkeypatch.setenv("TREADLE_TEST_POISON", "1")
     run_id = await cluster.start("owned_with_hook", "p")
     first = cluster.start_worker(
