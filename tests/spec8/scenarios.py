@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any, Literal
 
 from treadle import Hook, RetryableError, Workflows, sleep, step_metadata
@@ -53,9 +52,11 @@ class MidStep:
     order: str
     # The attempts the body started (its side-effect marker), in order.
     marker: list[int] = field(default_factory=list)
+    # Set by the test once the body may go on (every attempt waits for it).
     release: asyncio.Event = field(default_factory=asyncio.Event)
+    # Set when the body first started.
     entered: asyncio.Event = field(default_factory=asyncio.Event)
-    # Set by the test once the body may go on; attempt 1 raises RetryableError if asked.
+    # Attempt 1 raises RetryableError once released.
     fail_first: bool = False
 
     async def log(self) -> list[events.LoggedEvent]:
@@ -213,7 +214,3 @@ def expected_backstop_key(first: events.LoggedEvent) -> str:
 def orchestrator_send(t: Traced) -> messages.OrchestratorMessage:
     assert t.send is not None and isinstance(t.send.message, messages.OrchestratorMessage)
     return t.send.message
-
-
-def seconds_between(a: datetime, b: datetime) -> float:
-    return (b - a).total_seconds()
