@@ -21,6 +21,7 @@ import pytest
 
 from treadle import Workflows, runwrites, settings, sleep
 from treadle.orchestrator.delivery import OrchestratorDelivery
+from treadle.orchestrator.worker import Worker
 from treadle.world import events, messages, records
 from treadle.worlds.local import LocalWorld
 
@@ -229,4 +230,35 @@ async def test_a_wrongly_hinted_wake_still_drives_the_run_in_its_own_format(
         assert all(m.spec_version == run_version for m in later)
     finally:
         await app.close()
+        await world.close()
+
+
+@pytest.mark.parametrize("spec_version", [8, 9])
+async def test_an_unstamped_message_for_another_deployment_is_rerouted_stamped(
+    tmp_path: Path, spec_version: int
+) -> None:
+    """Seed 003 "Stamps at every send site" (the deployment re-route): an unstamped wake
+    naming another deployment is re-sent to the run's deployment stamped with the run's
+    version, which the worker read once to route it; nothing replayed or written."""
+    world = await _world(tmp_path)
+    try:
+        await world.deployments.register("blue")
+        run = await world.inner.runs.create(
+            workflow_name="wf", input={"args": [], "kwargs": {}}, deployment_id="blue",
+            spec_version=spec_version,
+        )  # fmt: skip
+        app = _app(world)
+        worker = Worker(app.runtime(world))  # type: ignore[arg-type]
+        ran.clear()
+        unstamped = messages.OrchestratorMessage(run_id=run.run_id, deployment_id="green")
+        assert await worker.handle(unstamped, META) == messages.ACK
+        (sent,) = world.queue.sent
+        assert isinstance(sent.message, messages.OrchestratorMessage)
+        assert (sent.message.deployment_id, sent.message.run_spec_version) == (
+            "blue",
+            spec_version,
+        )
+        assert sent.message.reroute_count == 1 and sent.delay_seconds == 1.0
+        assert ran == [] and [t for t in world.trace if t.what == "write"] == []
+    finally:
         await world.close()
