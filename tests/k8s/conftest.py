@@ -33,6 +33,15 @@ POD_ENV = {
 _namespaces = itertools.count(1)
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test against the API server runs in one xdist worker, so one session starts
+    one control plane (the suite runs ``-n 2 --dist loadgroup``)."""
+    here = os.path.dirname(__file__)
+    for item in items:
+        if str(item.path).startswith(here):
+            item.add_marker(pytest.mark.xdist_group("k8s"))
+
+
 def _terminal(config: pytest.Config) -> Callable[[str], None]:
     """Writes a line to the terminal even while pytest captures output."""
     reporter = config.pluginmanager.getplugin("terminalreporter")
