@@ -481,6 +481,13 @@ class Workflows:
         except errors.HookNotFound:
             raise errors.HookNotFound(token) from None
         hooktokens.check_signature(token, hook.metadata, signature, self._hook_key())
+        return await self.resume_found_hook(token, hook, payload)
+
+    async def resume_found_hook(self, token: str, hook: records.HookRecord, payload: Any) -> Run:
+        """``resume_hook``'s writes, for a live hook the caller looked up and checked
+        itself (``treadle serve``'s webhooks verify their own signatures first). The
+        same refusals as ``resume_hook``."""
+        world = await self.world()
         compat.require_known_format(await world.runs.get(hook.run_id))
         self.use_payload_keys()
         data = serde.encode(

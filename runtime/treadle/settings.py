@@ -119,6 +119,19 @@ class Settings(BaseSettings):
     TREADLE_HOOK_KEY_FILE: str | None = Field(
         default=None, description="A file holding TREADLE_HOOK_KEY (a mounted secret)."
     )
+    # Webhooks (issue 13 item 1: treadle.sdk.webhooks, treadle.serve.webhooks).
+    TREADLE_PUBLIC_URL: str | None = Field(
+        default=None,
+        description="Where callers reach treadle serve (https://host[:port][/prefix]): "
+        "create_webhook() URLs are this + /hooks/<run id>.<token> (set it on workers).",
+    )
+    TREADLE_WEBHOOK_MAX_BODY_BYTES: int = Field(
+        default=1024 * 1024,
+        ge=1,
+        le=limits.MAX_MAX_VALUE_BYTES,
+        description="Largest webhook call body treadle serve takes (413 above, from "
+        "Content-Length or while it streams, before anything is recorded).",
+    )
     TREADLE_QUEUE_MAX_FAILED_DELIVERIES: int = Field(
         default=64,
         ge=1,
@@ -250,6 +263,15 @@ class Settings(BaseSettings):
         from treadle import hooktokens
 
         return hooktokens.check_namespace(value)
+
+    @field_validator("TREADLE_PUBLIC_URL")
+    @classmethod
+    def _public_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        if not value.startswith(("http://", "https://")) or any(c in value for c in "?# "):
+            raise ValueError("must be an http:// or https:// URL without a query or fragment")
+        return value.rstrip("/")
 
     @field_validator("WORKFLOW_MAX_INLINE_STEPS")
     @classmethod
