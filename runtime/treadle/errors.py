@@ -28,6 +28,7 @@ its message names them too::
     ├── HookSignatureInvalid          resume_hook without the signature its hook requires; no write
     │   └── WebhookSignatureInvalid   a webhook call's HMAC signature is missing, wrong or stale
     ├── WebhookRequestInvalid         a webhook call's body cannot be read (bad JSON, media type)
+    ├── RequestRefused                treadle serve answers a request with a 4xx JSON error
     └── WorldError                    the World refused or failed an operation
         ├── InBandSuperseded          fence: a stale expected_seq_in_band; nothing written
         ├── WorldContractError        the caller broke the World contract (a bug, not load)
@@ -647,3 +648,18 @@ class WebhookAlreadyReceived(HookNotFound):
             f"the webhook ({_short_token(token)}) of run {run_id} took its payload already; "
             "nothing was recorded",
         )
+
+
+class RequestRefused(TreadleError):
+    """``treadle serve`` refuses an HTTP request: ``status`` (a 4xx), a stable ``code``
+    (``"unauthorized"``, ``"run_not_found"``...) and the message naming the problem.
+
+    Answered as ``{"error": {"code": ..., "message": ...}}`` by ``treadle.serve.app``;
+    raised by the serve routes and its auth (issue 13, "Bad input").
+    """
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message

@@ -1,60 +1,49 @@
 """Webhooks over real HTTP: a POST resumes the run that waits on it (issue 13 item 1).
 
-A real uvicorn server runs ``create_app`` over a real local World; the workflow makes
-its webhook with ``create_webhook()`` and the test calls the URL with httpx.
+A real uvicorn server (``tests/serve/conftest.py``) runs ``create_app`` over a real
+local World; the workflow makes its webhook with ``create_webhook()`` and the test
+calls the URL with httpx, without credentials (the token is the credential).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
 
 from treadle import clock, webhooksig
-from treadle.worlds.local import LocalWorld
 
-from .webhookharness import (
-    SECRET,
-    SECRET_ENV,
-    WebhookApp,
-    client,
-    log_of,
-    serving,
-    waiting,
-    webhook_app,
-)
+from .conftest import Served, StartServe
+from .webhookharness import SECRET, SECRET_ENV, SERVE_LIMIT, Flows, log_of, register, waiting
+
+LIMIT = 1024 * 1024  # TREADLE_WEBHOOK_MAX_BODY_BYTES's default
+JSON = {"Content-Type": "application/json"}
 
 
 @pytest.fixture
-async def served(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[WebhookApp]:
+async def hooked(start_serve: StartServe, monkeypatch: pytest.MonkeyPatch) -> tuple[Served, Flows]:
+    """serve on a local World, the test workflows on its app, the secret in serve's env."""
     monkeypatch.setenv(SECRET_ENV, SECRET)
-    world = await LocalWorld(tmp_path / "world").open()
-    try:
-        async with serving(world, TREADLE_WEBHOOK_MAX_BODY_BYTES=4096) as base:
-            made = webhook_app(world, base)
-            try:
-                yield made
-            finally:
-                await made.app.close(grace_seconds=2)
-    finally:
-        await world.close()
+    served = await start_serve(**SERVE_LIMIT)
+    return served, register(served.app)
 
 
-async def test_a_json_post_resumes_the_run_with_the_typed_request(served: WebhookApp) -> None:
-    """The call's method, lower-cased headers, query, subpath and JSON body reach the run;
-    the caller gets the default 202 {"accepted": true}."""
-    made = served
-    run = await made.app.start("callback", "json")
-    url = await made.urls.get()
-    assert url.startswith("http://127.0.0.1:") and f"/hooks/{run.run_id}.hk_" in url
-    async with client() as http:
-        answer = await http.post(
-            url + "/stripe/events?order=42&tag=a&tag=b",
-            json={"status": "paid", "amount": 1200},
-            headers={"X-Request-Id": "abc", "Authorization": "Basic dXNlcjpwdw=="},
-        )
+async def test_a_json_post_resumes_the_run_with_the_typed_request(
+    hooked: tuple[Served, Flows],
+) -> None:
+    """The call's method, lower-cased headers, query, subpath and JSON body reach the run
+    as a WebhookRequest; the caller (no credentials) gets the default 202."""
+    served, flows = hooked
+    run = await served.app.start("callback", "json")
+    url = await flows.urls.get()
+    # No TREADLE_PUBLIC_URL on this worker: the URL is the bare path.
+    assert url.startswith(f"/hooks/{run.run_id}.hk_"), url
+    answer = await served.anonymous.post(
+        url + "/stripe/events?order=42&tag=a&tag=b",
+        json={"status": "paid", "amount": 1200},
+        headers={"X-Request-Id": "abc", "Authorization": "Basic dXNlcjpwdw=="},
+    )
     assert answer.status_code == 202, answer.text
     assert answer.json() == {"accepted": True}
     out = await run.result(timeout=20)
@@ -68,18 +57,19 @@ async def test_a_json_post_resumes_the_run_with_the_typed_request(served: Webhoo
     assert request["headers"]["authorization"] == "Basic dXNlcjpwdw=="  # kept, as documented
     assert request["content_type"] == "application/json"
     assert request["received_at"]
-    # The URL is the same on every replay: the announcing pass and the final one agree.
+    # The same URL on every replay: the announcing pass and the final one agree.
     assert out["url"] == out["announced"] == url
 
 
 async def test_a_form_post_arrives_as_fields_and_gets_the_chosen_response(
-    served: WebhookApp,
+    hooked: tuple[Served, Flows],
 ) -> None:
-    made = served
-    run = await made.app.start("callback", "text-reply")
-    url = await made.urls.get()
-    async with client() as http:
-        answer = await http.post(url, data={"event": "charge", "note": ["a", "b"]})
+    """A urlencoded form becomes ``form`` (repeated fields kept); the webhook's
+    ``respond_with`` (200, text, a header) is what the caller gets."""
+    served, flows = hooked
+    run = await served.app.start("callback", "text-reply")
+    url = await flows.urls.get()
+    answer = await served.anonymous.post(url, data={"event": "charge", "note": ["a", "b"]})
     assert answer.status_code == 200, answer.text
     assert answer.text == "ok" and answer.headers["x-reply"] == "yes"
     request = (await run.result(timeout=20))["request"]
@@ -88,153 +78,144 @@ async def test_a_form_post_arrives_as_fields_and_gets_the_chosen_response(
 
 
 async def test_a_github_style_signature_is_checked_before_anything_is_recorded(
-    served: WebhookApp,
+    hooked: tuple[Served, Flows],
 ) -> None:
-    """A missing, malformed or wrong ``sha256=`` signature is 401 naming the problem and
+    """A missing, unprefixed or wrong ``sha256=`` signature is 401 naming the problem and
     leaves the run's log as it was; the right one resumes the run."""
-    made = served
-    world = made.world
-    run = await made.app.start("callback", "hmac")
-    url = await made.urls.get()
-    before = await waiting(world, run.run_id)
+    served, flows = hooked
+    run = await served.app.start("callback", "hmac")
+    url = await flows.urls.get()
+    before = await waiting(served.world, run.run_id)
     body = json.dumps({"action": "opened"}).encode()
     good = webhooksig.sign_hmac(SECRET, body)
     cases = {
         "missing": ({}, "is missing"),
         "no prefix": ({"X-Signature": good.removeprefix("sha256=")}, "does not start with"),
         "wrong secret": ({"X-Signature": webhooksig.sign_hmac("other", body)}, "does not match"),
-        "other body": (
-            {"X-Signature": webhooksig.sign_hmac(SECRET, body + b" ")},
-            "does not match",
-        ),
+        "other body": ({"X-Signature": webhooksig.sign_hmac(SECRET, body + b" ")}, "not match"),
     }
-    async with client() as http:
-        for name, (headers, problem) in cases.items():
-            answer = await http.post(
-                url, content=body, headers={"Content-Type": "application/json", **headers}
-            )
-            assert answer.status_code == 401, (name, answer.text)
-            err = answer.json()["error"]
-            assert err["code"] == "signature_invalid" and problem in err["message"], (name, err)
-            assert SECRET not in answer.text
-        assert await log_of(world, run.run_id) == before
-        answer = await http.post(
-            url, content=body, headers={"Content-Type": "application/json", "X-Signature": good}
-        )
+    for name, (headers, problem) in cases.items():
+        answer = await served.anonymous.post(url, content=body, headers={**JSON, **headers})
+        assert answer.status_code == 401, (name, answer.text)
+        err = answer.json()["error"]
+        assert err["code"] == "signature_invalid" and problem in err["message"], (name, err)
+        assert SECRET not in answer.text
+    assert await log_of(served.world, run.run_id) == before
+    answer = await served.anonymous.post(url, content=body, headers={**JSON, "X-Signature": good})
     assert answer.status_code == 202, answer.text
     assert (await run.result(timeout=20))["request"]["body"] == {"action": "opened"}
 
 
-async def test_a_stripe_style_signature_needs_a_fresh_timestamp(served: WebhookApp) -> None:
-    """``t=...,v1=...``: a forged v1 and a stale (but correctly signed) timestamp are 401
-    with nothing recorded; a fresh one, among a rolled-out old v1, resumes the run."""
-    made = served
-    world = made.world
-    run = await made.app.start("callback", "stripe")
-    url = await made.urls.get()
-    before = await waiting(world, run.run_id)
+async def test_a_stripe_style_signature_needs_a_fresh_timestamp(
+    hooked: tuple[Served, Flows],
+) -> None:
+    """``t=...,v1=...``: a stale (correctly signed) timestamp, a forged v1 and a garbled
+    header are 401 with nothing recorded; a fresh v1 after an old secret's resumes."""
+    served, flows = hooked
+    run = await served.app.start("callback", "stripe")
+    url = await flows.urls.get()
+    before = await waiting(served.world, run.run_id)
     body = b'{"type": "payment_intent.succeeded"}'
     now = int(clock.now())
-    stale = webhooksig.sign_stripe(SECRET, body, now - 3600)
     forged = webhooksig.sign_stripe("not-the-secret", body, now)
-    garbled = "v1=abc"
-    async with client() as http:
-        for header, problem in (
-            (stale, "outside the tolerance of 300 s"),
-            (forged, "no v1 signature"),
-            (garbled, "is not t=<unix seconds>,v1=<hex>"),
-        ):
-            answer = await http.post(
-                url,
-                content=body,
-                headers={"Content-Type": "application/json", "Stripe-Signature": header},
-            )
-            assert answer.status_code == 401, (header, answer.text)
-            assert problem in answer.json()["error"]["message"]
-        assert await log_of(world, run.run_id) == before
-        fresh = webhooksig.sign_stripe(SECRET, body, now)
-        rolled = forged.split(",")[1] + "," + fresh  # an old secret's v1 first
-        answer = await http.post(
-            url,
-            content=body,
-            headers={"Content-Type": "application/json", "Stripe-Signature": rolled},
+    for header, problem in (
+        (webhooksig.sign_stripe(SECRET, body, now - 3600), "outside the tolerance of 300 s"),
+        (forged, "no v1 signature"),
+        ("v1=abc", "is not t=<unix seconds>,v1=<hex>"),
+    ):
+        answer = await served.anonymous.post(
+            url, content=body, headers={**JSON, "Stripe-Signature": header}
         )
+        assert answer.status_code == 401, (header, answer.text)
+        assert problem in answer.json()["error"]["message"]
+    assert await log_of(served.world, run.run_id) == before
+    fresh = webhooksig.sign_stripe(SECRET, body, now)
+    rolled = forged.split(",")[1] + "," + fresh  # an old secret's v1 first, then the new one
+    answer = await served.anonymous.post(
+        url, content=body, headers={**JSON, "Stripe-Signature": rolled}
+    )
     assert answer.status_code == 202, answer.text
     out = await run.result(timeout=20)
     assert out["request"]["body"] == {"type": "payment_intent.succeeded"}
 
 
-async def test_an_over_size_body_is_413_and_records_nothing(served: WebhookApp) -> None:
-    """Over TREADLE_WEBHOOK_MAX_BODY_BYTES (4096 here): refused from Content-Length, and
-    from the stream when the body is chunked (no Content-Length); the log is unchanged."""
-    made = served
-    world = made.world
-    run = await made.app.start("callback", "json")
-    url = await made.urls.get()
-    before = await waiting(world, run.run_id)
+async def test_an_over_size_body_is_413_and_records_nothing(hooked: tuple[Served, Flows]) -> None:
+    """Over TREADLE_WEBHOOK_MAX_BODY_BYTES: refused from Content-Length, and from the
+    stream when the body is chunked (no Content-Length); the run's log is unchanged."""
+    served, flows = hooked
+    run = await served.app.start("callback", "json")
+    url = await flows.urls.get()
+    before = await waiting(served.world, run.run_id)
 
     async def chunks() -> AsyncIterator[bytes]:
-        for _ in range(10):
-            yield b"x" * 1000
+        for _ in range(LIMIT // 65536 + 2):
+            yield b"x" * 65536
 
-    async with client() as http:
-        declared = await http.post(url, content=b"y" * 5000)
-        streamed = await http.post(url, content=chunks())
-        assert "content-length" not in streamed.request.headers
+    declared = await served.anonymous.post(url, content=b"y" * (LIMIT + 1))
+    streamed = await served.anonymous.post(url, content=chunks())
+    assert "content-length" not in streamed.request.headers
     for answer in (declared, streamed):
         assert answer.status_code == 413, answer.text
         err = answer.json()["error"]
-        assert (
-            err["code"] == "body_too_large" and "TREADLE_WEBHOOK_MAX_BODY_BYTES" in err["message"]
-        )
-    assert await log_of(world, run.run_id) == before
+        assert err["code"] == "body_too_large", err
+        assert "TREADLE_WEBHOOK_MAX_BODY_BYTES" in err["message"]
+    assert await log_of(served.world, run.run_id) == before
     assert await run.status() == "running"
+    at_limit = await served.anonymous.post(url, content=b"z" * LIMIT)
+    assert at_limit.status_code == 202, at_limit.text
 
 
-async def test_unknown_gone_repeated_and_non_post_calls(served: WebhookApp) -> None:
+async def test_unknown_gone_repeated_and_non_post_calls(hooked: tuple[Served, Flows]) -> None:
     """404 for a URL no webhook has (a made-up token, another run's id, a plain
-    create_hook hook), 405 for GET, 409 for a second call after the payload was taken."""
-    made = served
-    world = made.world
-    run = await made.app.start("callback", "json")
-    url = await made.urls.get()
-    plain = await made.app.start("plain")
-    plain_token = await made.urls.get()
-    base = url.split("/hooks/")[0]
-    token_part = url.rsplit(".", 1)[1]
-    async with client() as http:
-        made_up = await http.post(f"{base}/hooks/{run.run_id}.hk_{'0' * 32}", json={})
-        other_run = await http.post(f"{base}/hooks/{plain.run_id}.{token_part}", json={})
-        not_a_webhook = await http.post(f"{base}/hooks/{plain.run_id}.{plain_token}", json={})
-        garbage = await http.post(f"{base}/hooks/nothing-like-a-token", json={})
-        for answer in (made_up, other_run, not_a_webhook, garbage):
-            assert answer.status_code == 404, answer.text
-            assert answer.json()["error"]["code"] == "hook_not_found"
-        got = await http.get(url)
-        assert got.status_code == 405 and got.headers["allow"] == "POST"
-        assert got.json()["error"]["code"] == "method_not_allowed"
-        first = await http.post(url, json={"n": 1})
-        assert first.status_code == 202
-        second = await http.post(url, json={"n": 2})
+    create_hook hook, no token at all) or whose run ended, 405 for GET, 409 for a second
+    call after the payload was taken (one hook_received in the log)."""
+    served, flows = hooked
+    http = served.anonymous
+    run = await served.app.start("callback", "json")
+    url = await flows.urls.get()
+    plain = await served.app.start("plain")
+    plain_token = await flows.urls.get()
+    token = url.rsplit(".", 1)[1]
+    for wrong in (
+        f"/hooks/{run.run_id}.hk_{'0' * 32}",
+        f"/hooks/{plain.run_id}.{token}",
+        f"/hooks/{plain.run_id}.{plain_token}",
+        "/hooks/nothing-like-a-token",
+    ):
+        answer = await http.post(wrong, json={})
+        assert answer.status_code == 404, (wrong, answer.text)
+        assert answer.json()["error"]["code"] == "hook_not_found"
+    got = await http.get(url)
+    assert got.status_code == 405 and got.headers["allow"] == "POST"
+    assert got.json()["error"]["code"] == "method_not_allowed"
+    first = await http.post(url, json={"n": 1})
+    assert first.status_code == 202
+    second = await http.post(url, json={"n": 2})
     assert second.status_code == 409, second.text
     assert second.json()["error"]["code"] == "hook_already_received"
     assert (await run.result(timeout=20))["request"]["body"] == {"n": 1}
-    received = [e for e in await log_of(world, run.run_id) if e.type == "hook_received"]
+    received = [e for e in await log_of(served.world, run.run_id) if e.type == "hook_received"]
     assert len(received) == 1
+    # A run that ended while it waited: its webhook is gone (404, not 409).
+    ended = await served.app.start("callback", "json")
+    ended_url = await flows.urls.get()
+    await waiting(served.world, ended.run_id)
+    await ended.cancel()
+    gone = await http.post(ended_url, json={})
+    assert gone.status_code == 404, gone.text
+    assert gone.json()["error"]["code"] == "hook_not_found"
 
 
-async def test_malformed_json_is_400_with_nothing_recorded(served: WebhookApp) -> None:
-    made = served
-    world = made.world
-    run = await made.app.start("callback", "json")
-    url = await made.urls.get()
-    before = await waiting(world, run.run_id)
-    async with client() as http:
-        answer = await http.post(
-            url, content=b"{not json", headers={"Content-Type": "application/json"}
-        )
-        multipart = await http.post(url, files={"f": ("a.txt", b"hi")})
+async def test_malformed_json_and_multipart_are_refused_with_nothing_recorded(
+    hooked: tuple[Served, Flows],
+) -> None:
+    served, flows = hooked
+    run = await served.app.start("callback", "json")
+    url = await flows.urls.get()
+    before = await waiting(served.world, run.run_id)
+    answer = await served.anonymous.post(url, content=b"{not json", headers=JSON)
     assert answer.status_code == 400 and answer.json()["error"]["code"] == "request_invalid"
     assert "not valid JSON" in answer.json()["error"]["message"]
-    assert multipart.status_code == 415
-    assert await log_of(world, run.run_id) == before
+    multipart = await served.anonymous.post(url, files={"f": ("a.txt", b"hi")})
+    assert multipart.status_code == 415, multipart.text
+    assert await log_of(served.world, run.run_id) == before

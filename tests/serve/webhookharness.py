@@ -1,19 +1,15 @@
-"""A real uvicorn server over ``create_app`` and an app whose workflows wait on webhooks.
+"""Workflows that wait on webhooks, and helpers to watch their runs' logs.
 
-Used by the webhook tests (issue 13 item 1). The server runs in the test's event
-loop on 127.0.0.1 with an ephemeral port; HTTP goes through httpx.
+Used by the webhook tests (issue 13 item 1) over the real uvicorn server of
+``tests/serve/conftest.py`` (``start_serve``): ``register(served.app)`` adds the
+workflows to the app whose worker runs on the served World.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
-
-import httpx
-import uvicorn
 
 from treadle import (
     HmacSignature,
@@ -22,59 +18,28 @@ from treadle import (
     Workflows,
     create_hook,
     create_webhook,
-    settings,
 )
-from treadle.serve.app import create_app
-from treadle.serve.context import ServeContext
 from treadle.world import contract, events
 
 SECRET_ENV = "TREADLE_TEST_WEBHOOK_SECRET"
 SECRET = "whsec_test-only-secret"
-FAST = {
-    "WORKFLOW_ORCHESTRATOR_LINGER_MS": 300,
-    "WORKFLOW_ORCHESTRATOR_POLL_INTERVAL_MS": 200,
-    "WORKFLOW_STEP_RETRY_DELAY_SECONDS": 0.05,
-}
-
-
-@contextlib.asynccontextmanager
-async def serving(world: contract.World, **overrides: Any) -> AsyncIterator[str]:
-    """``create_app`` over ``world`` under a real uvicorn on 127.0.0.1; yields its base URL."""
-    ctx = ServeContext(world=world, settings=settings.load({}, **overrides))
-    config = uvicorn.Config(
-        create_app(ctx), host="127.0.0.1", port=0, lifespan="off", log_level="warning"
-    )
-    server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve())
-    try:
-        while not server.started:
-            if task.done():
-                task.result()  # raises what stopped it
-            await asyncio.sleep(0.01)
-        port = server.servers[0].sockets[0].getsockname()[1]
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        await asyncio.wait_for(task, 10)
+# serve's own body limit, above the webhooks' default (1 MiB), so theirs is what refuses.
+SERVE_LIMIT = {"TREADLE_SERVE_MAX_BODY_BYTES": 8 * 1024 * 1024}
 
 
 @dataclass
-class WebhookApp:
-    """An app with the test workflows; ``urls`` gets each webhook's URL as it is made."""
+class Flows:
+    """``urls`` gets each webhook's URL (and a plain hook's token) as a step announces it."""
 
-    app: Workflows
-    world: contract.World
     urls: asyncio.Queue[str] = field(default_factory=asyncio.Queue)
 
 
-def webhook_app(world: contract.World, public_url: str, **overrides: Any) -> WebhookApp:
-    tuned = settings.load({}, **{**FAST, "TREADLE_PUBLIC_URL": public_url, **overrides})
-    app = Workflows(world=world, settings_=tuned, worker=True)
-    made = WebhookApp(app, world)
+def register(app: Workflows) -> Flows:
+    flows = Flows()
 
     @app.step
     async def announce(url: str) -> str:
-        made.urls.put_nowait(url)
+        flows.urls.put_nowait(url)
         return url
 
     @app.workflow
@@ -98,12 +63,18 @@ def webhook_app(world: contract.World, public_url: str, **overrides: Any) -> Web
         await announce(hook.token)
         return await hook.payload()
 
-    return made
+    return flows
 
 
 async def log_of(world: contract.World, run_id: str) -> list[events.LoggedEvent]:
-    page = await world.events.list(run_id)
-    return list(page.events)
+    out: list[events.LoggedEvent] = []
+    after = 0
+    while True:
+        page = await world.events.list(run_id, after_slot=after)
+        out.extend(page.events)
+        if not page.has_more:
+            return out
+        after = page.cursor
 
 
 async def waiting(
@@ -124,7 +95,3 @@ async def waiting(
     finally:
         sub.close()
     return await log_of(world, run_id)
-
-
-def client() -> httpx.AsyncClient:
-    return httpx.AsyncClient(timeout=10)

@@ -33,15 +33,13 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from treadle import clock, errors, webhooksig, webhookspec
-from treadle.client import Workflows
-from treadle.serve import webhookbody, webhooklookup
+from treadle.serve import http, webhookbody, webhooklookup
 from treadle.serve.context import ServeContext
 from treadle.webhookspec import WebhookSpec
 
 log = logging.getLogger("treadle.serve.webhooks")
 
 ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
-CLIENT_KEY = "client"  # ctx.extras: a Workflows client another module built, if any
 
 
 def routes(ctx: ServeContext) -> list[BaseRoute]:
@@ -53,7 +51,7 @@ def routes(ctx: ServeContext) -> list[BaseRoute]:
 
 
 def error(status: int, code: str, message: str, **headers: str) -> JSONResponse:
-    return JSONResponse({"error": {"code": code, "message": message}}, status, headers=headers)
+    return http.json_error(status, code, message, headers=headers)
 
 
 class WebhookHandler:
@@ -61,17 +59,6 @@ class WebhookHandler:
         self.ctx = ctx
         self.limit = ctx.settings.TREADLE_WEBHOOK_MAX_BODY_BYTES
         self.namespace = ctx.settings.TREADLE_HOOK_TOKEN_NAMESPACE
-
-    def client(self) -> Workflows:
-        """The Workflows client resumes go through (payload keys, limits, the wake)."""
-        found = self.ctx.extras.get(CLIENT_KEY)
-        if isinstance(found, Workflows):
-            return found
-        mine = self.ctx.extras.get("webhooks.client")
-        if not isinstance(mine, Workflows):
-            mine = Workflows(world=self.ctx.world, worker=False, settings_=self.ctx.settings)
-            self.ctx.extras["webhooks.client"] = mine
-        return mine
 
     async def handle(self, request: Request) -> Response:
         if request.method != "POST":
@@ -102,7 +89,7 @@ class WebhookHandler:
             request, path=path, body=body, headers=headers, run_id=run_id
         )
         try:
-            await self.client().resume_found_hook(token, hook, model)
+            await self.ctx.client.resume_found_hook(token, hook, model)
         except errors.HookWakeFailed as exc:
             log.warning("run %s: webhook payload recorded, wake not sent: %s", run_id, exc)
         except errors.HookNotFound:
@@ -129,7 +116,7 @@ class WebhookHandler:
         status, code = _status_of(exc)
         level = logging.ERROR if status >= 500 else logging.INFO
         log.log(level, "run %s: webhook call refused (%d %s): %s", run_id, status, code, exc)
-        message = str(exc)
+        message = exc.message if isinstance(exc, errors.RequestRefused) else str(exc)
         if isinstance(exc, errors.HookNotFound) and not isinstance(
             exc, errors.WebhookAlreadyReceived
         ):
@@ -140,6 +127,8 @@ class WebhookHandler:
 
 
 def _status_of(exc: errors.TreadleError) -> tuple[int, str]:
+    if isinstance(exc, errors.RequestRefused):  # serve's own body limit, while streaming
+        return exc.status, exc.code
     if isinstance(exc, errors.WebhookAlreadyReceived):
         return 409, "hook_already_received"
     if isinstance(exc, errors.HookNotFound | errors.RunNotFound | errors.RunExpired):
