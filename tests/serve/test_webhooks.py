@@ -219,3 +219,18 @@ async def test_malformed_json_and_multipart_are_refused_with_nothing_recorded(
     multipart = await served.anonymous.post(url, files={"f": ("a.txt", b"hi")})
     assert multipart.status_code == 415, multipart.text
     assert await log_of(served.world, run.run_id) == before
+
+
+async def test_a_webhook_that_timed_out_is_gone(hooked: tuple[Served, Flows]) -> None:
+    """``request(timeout=...)`` returns None when nobody calls in time and the webhook
+    goes (disposed; here the run ends too): a late call is 404, not 409, and records
+    nothing."""
+    served, flows = hooked
+    run = await served.app.start("expiring", 0.3)
+    url = await flows.urls.get()
+    assert await run.result(timeout=20) is None
+    before = await log_of(served.world, run.run_id)
+    assert "hook_received" not in [e.type for e in before]
+    late = await served.anonymous.post(url, json={"late": True})
+    assert late.status_code == 404, late.text
+    assert await log_of(served.world, run.run_id) == before

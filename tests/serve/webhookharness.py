@@ -58,6 +58,13 @@ def register(app: Workflows) -> Flows:
         return {"url": hook.url, "announced": announced, "request": request.model_dump(mode="json")}
 
     @app.workflow
+    async def expiring(seconds: float) -> Any:
+        hook = create_webhook()
+        await announce(hook.url)
+        request = await hook.request(timeout=seconds)
+        return None if request is None else request.body
+
+    @app.workflow
     async def plain() -> Any:
         hook = create_hook()
         await announce(hook.token)
