@@ -8,6 +8,7 @@ with another TREADLE_PUBLIC_URL, gives the URL the caller was handed.
 from __future__ import annotations
 
 from treadle import Workflows, settings
+from treadle.world import events
 
 from ..production.conftest import ProductionHarness
 from .conftest import FAST, StartServe
@@ -66,3 +67,29 @@ async def test_a_webhook_resumes_a_run_on_postgres_and_nats(
     again = await served.anonymous.post(url, json={"paid": True})
     assert again.status_code == 409, again.text
     assert [e.type for e in await log_of(served.world, run.run_id)].count("hook_received") == 1
+
+
+async def test_serve_finds_a_webhook_stored_under_another_namespace(
+    start_serve: StartServe,
+) -> None:
+    """A worker with TREADLE_HOOK_TOKEN_NAMESPACE=shop stores ``shop/hk_...``; serve
+    (no namespace) takes the URL's bare token, finds the stored one in the run's log,
+    and resumes it; a second call is still 409."""
+    served = await start_serve()
+    await served.app.close(grace_seconds=2)  # this test's worker is the namespaced one
+    tuned = settings.load({}, **{**FAST, "TREADLE_HOOK_TOKEN_NAMESPACE": "shop"})
+    shop = Workflows(world=served.world, settings_=tuned, worker=True)
+    flows = register(shop)
+    try:
+        run = await shop.start("callback", "json")
+        url = await flows.urls.get()
+        logged = await log_of(served.world, run.run_id)
+        created = [e.event for e in logged if isinstance(e.event, events.HookCreated)]
+        assert created and created[0].token.startswith("shop/hk_"), created
+        answer = await served.anonymous.post(url, json={"ns": "shop"})
+        assert answer.status_code == 202, answer.text
+        assert (await run.result(timeout=20))["request"]["body"] == {"ns": "shop"}
+        again = await served.anonymous.post(url, json={})
+        assert again.status_code == 409, again.text
+    finally:
+        await shop.close(grace_seconds=2)
