@@ -28,6 +28,7 @@ its message names them too::
     ├── HookSignatureInvalid          resume_hook without the signature its hook requires; no write
     │   └── WebhookSignatureInvalid   a webhook call's HMAC signature is missing, wrong or stale
     ├── WebhookRequestInvalid         a webhook call's body cannot be read (bad JSON, media type)
+    ├── WebhookSpecUnreadable         a webhook's stored options are not readable here (newer?)
     ├── RequestRefused                treadle serve answers a request with a 4xx JSON error
     └── WorldError                    the World refused or failed an operation
         ├── InBandSuperseded          fence: a stale expected_seq_in_band; nothing written
@@ -636,6 +637,19 @@ class WebhookRequestInvalid(TreadleError):
         self.reason = reason
         self.run_id = run_id
         self.status = status
+
+
+class WebhookSpecUnreadable(TreadleError):
+    """A webhook's stored options (response, signature scheme) do not read here: made
+    by a newer treadle (an unknown signature scheme), or damaged. serve refuses the
+    call (500) rather than accept it unverified; nothing is recorded."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(
+            f"the webhook's stored options cannot be read by this treadle ({reason}); "
+            "upgrade treadle serve; nothing was recorded"
+        )
+        self.reason = reason
 
 
 class WebhookAlreadyReceived(HookNotFound):

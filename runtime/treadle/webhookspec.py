@@ -28,9 +28,9 @@ import re
 from datetime import datetime
 from typing import Annotated, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, field_validator
 
-from treadle import hooktokens
+from treadle import errors, hooktokens
 from treadle.world import ids
 
 WEBHOOK_KEY: Final = "treadle.webhook"
@@ -117,7 +117,9 @@ Signature = Annotated[HmacSignature | StripeSignature, Field(discriminator="sche
 class WebhookSpec(BaseModel):
     """What a webhook's hook stores under ``WEBHOOK_KEY`` in its metadata."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # What it holds is strict (a scheme or response read wrongly must refuse the call:
+    # ``WebhookSpecUnreadable``); a field a newer treadle adds beside them is ignored.
+    model_config = ConfigDict(frozen=True)
 
     url: str
     respond: WebhookResponse = Field(default_factory=WebhookResponse)
@@ -130,23 +132,28 @@ class WebhookRequest(BaseModel):
     ``headers`` have lower-cased names (repeated ones joined with ``", "``) and are all
     kept, the signature header and ``authorization`` included (a sender's own
     credential may be what the workflow checks; set ``TREADLE_PAYLOAD_KEY`` to keep
-    them encrypted at rest). The body is in exactly one of ``body`` (parsed JSON, for a JSON content
-    type), ``form`` (``application/x-www-form-urlencoded``), ``text`` (anything else
-    that is UTF-8) or ``body_base64`` (anything else); all are empty for no body.
+    them encrypted at rest). The body is in exactly one of ``body`` (parsed JSON, for a
+    JSON content type), ``form`` (``application/x-www-form-urlencoded``), ``text``
+    (anything else that is UTF-8) or ``body_base64`` (anything else); all are empty
+    for no body.
+
+    Resumed by hand (``resume_hook(token, {"body": ...})``, the JSON API's hook
+    resume: a callback the sender lost), only the fields given are set and
+    ``received_at`` is None.
     """
 
     model_config = ConfigDict(frozen=True)
 
-    method: str
-    path: str = Field(description="what followed the token in the URL ('' or '/...')")
-    headers: dict[str, str]
+    method: str = "POST"
+    path: str = Field(default="", description="what followed the token ('' or '/...')")
+    headers: dict[str, str] = Field(default_factory=dict)
     query: dict[str, list[str]] = Field(default_factory=dict)
     content_type: str | None = None
     body: JsonValue = None
     form: dict[str, list[str]] | None = None
     text: str | None = None
     body_base64: str | None = None
-    received_at: datetime
+    received_at: datetime | None = None
 
     def header(self, name: str) -> str | None:
         return self.headers.get(name.lower())
@@ -167,7 +174,12 @@ def spec_of(metadata: JsonValue) -> WebhookSpec | None:
     (a plain ``create_hook`` is never answered on ``/hooks/``)."""
     if not isinstance(metadata, dict) or WEBHOOK_KEY not in metadata:
         return None
-    return WebhookSpec.model_validate(metadata[WEBHOOK_KEY])
+    try:
+        return WebhookSpec.model_validate(metadata[WEBHOOK_KEY])
+    except ValidationError as exc:
+        raise errors.WebhookSpecUnreadable(
+            f"{exc.error_count()} problem(s), first: {exc.errors()[0]['msg']}"
+        ) from None
 
 
 def path_token(run_id: str, stored_token: str) -> str:

@@ -7,12 +7,14 @@ calls the URL with httpx, without credentials (the token is the credential).
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 
 import pytest
 
 from treadle import clock, webhooksig
+from treadle.world import events
 
 from .conftest import Served, StartServe
 from .webhookharness import SECRET, SECRET_ENV, SERVE_LIMIT, Flows, log_of, register, waiting
@@ -234,3 +236,36 @@ async def test_a_webhook_that_timed_out_is_gone(hooked: tuple[Served, Flows]) ->
     late = await served.anonymous.post(url, json={"late": True})
     assert late.status_code == 404, late.text
     assert await log_of(served.world, run.run_id) == before
+
+
+async def test_two_concurrent_calls_take_one_payload(hooked: tuple[Served, Flows]) -> None:
+    """Two calls at once, however they interleave (the loser finds the hook gone, or
+    loses the write after finding it live): one 202, one 409, one hook_received."""
+    served, flows = hooked
+    run = await served.app.start("callback", "json")
+    url = await flows.urls.get()
+    await waiting(served.world, run.run_id)
+    answers = await asyncio.gather(*(served.anonymous.post(url, json={"n": n}) for n in range(2)))
+    assert sorted(a.status_code for a in answers) == [202, 409], [a.text for a in answers]
+    winner = next(n for n, a in enumerate(answers) if a.status_code == 202)
+    assert (await run.result(timeout=20))["request"]["body"] == {"n": winner}
+    received = [e for e in await log_of(served.world, run.run_id) if e.type == "hook_received"]
+    assert len(received) == 1
+
+
+async def test_a_hand_resume_with_a_body_reaches_the_workflow(
+    hooked: tuple[Served, Flows],
+) -> None:
+    """A callback the sender lost can be given by hand: ``resume_hook(token, {"body":
+    ...})`` is a WebhookRequest with that body and no received_at."""
+    served, flows = hooked
+    run = await served.app.start("callback", "json")
+    await flows.urls.get()
+    token = next(
+        e.event.token
+        for e in await waiting(served.world, run.run_id)
+        if isinstance(e.event, events.HookCreated)
+    )
+    await served.ctx.client.resume_hook(token, {"body": {"status": "paid"}})
+    request = (await run.result(timeout=20))["request"]
+    assert request["body"] == {"status": "paid"} and request["received_at"] is None

@@ -22,7 +22,7 @@ import logging
 from collections.abc import Generator
 from typing import Any, overload
 
-from pydantic import JsonValue
+from pydantic import JsonValue, ValidationError
 
 from treadle import errors, limits, webhookspec
 from treadle.sdk import context
@@ -65,14 +65,24 @@ class WebhookHandle:
         """The call to ``url``; with ``timeout``, None when it passes first (the webhook is
         then disposed: a later call gets 404)."""
         if timeout is None:
-            return WebhookRequest.model_validate(await self._hook.payload())
+            return self._as_request(await self._hook.payload())
         seconds = to_seconds(timeout, what="webhook timeout")
         try:
             data: Any = await asyncio.wait_for(self._hook.payload(), seconds)
         except TimeoutError:
             self._hook.dispose()
             return None
-        return WebhookRequest.model_validate(data)
+        return self._as_request(data)
+
+    def _as_request(self, payload: Any) -> WebhookRequest:
+        try:
+            return WebhookRequest.model_validate(payload)
+        except ValidationError as exc:
+            raise errors.WorkflowError(
+                f"run {self._run_id}: the webhook was resumed with a payload that is not a "
+                f"webhook call ({exc.error_count()} problem(s), first: {exc.errors()[0]['msg']}); "
+                'POST to its URL, or resume_hook(token, {"body": ...})'
+            ) from None
 
     def __await__(self) -> Generator[Any, None, WebhookRequest]:
         return self.request().__await__()

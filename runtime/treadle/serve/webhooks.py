@@ -28,7 +28,7 @@ import logging
 import os
 from typing import Any
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import BaseRoute, Route
 
@@ -72,6 +72,9 @@ class WebhookHandler:
             return await self._accept(request, run_id, token, f"/{rest}" if rest else "")
         except errors.TreadleError as exc:
             return self._refused(exc, run_id)
+        except ClientDisconnect:
+            log.info("run %s: the webhook's caller went before its body arrived", run_id)
+            return error(400, "request_invalid", "the request ended before its body did")
         except Exception:  # a storage or queue failure: a JSON 503, never a stack trace
             log.exception("run %s: webhook call failed", run_id)
             return error(503, "storage_unavailable", "the webhook could not be recorded; retry")
@@ -121,7 +124,9 @@ class WebhookHandler:
             exc, errors.WebhookAlreadyReceived
         ):
             message = "no live webhook at this URL (never created, disposed, or its run ended)"
-        elif status >= 500 and not isinstance(exc, errors.WebhookSecretMissing):
+        elif status >= 500 and not isinstance(
+            exc, errors.WebhookSecretMissing | errors.WebhookSpecUnreadable
+        ):
             message = f"the webhook could not be recorded ({type(exc).__name__}); retry later"
         return error(status, code, message)
 
@@ -139,6 +144,8 @@ def _status_of(exc: errors.TreadleError) -> tuple[int, str]:
         return 401, "signature_invalid"
     if isinstance(exc, errors.WebhookSecretMissing):
         return 500, "signature_secret_missing"
+    if isinstance(exc, errors.WebhookSpecUnreadable):
+        return 500, "webhook_unreadable"
     if isinstance(exc, errors.WebhookRequestInvalid):
         return exc.status, "request_invalid" if exc.status == 400 else "unsupported_media_type"
     if isinstance(exc, errors.ValueLimitExceeded):
