@@ -128,12 +128,13 @@ class Timeline(_Out):
     end: datetime | None = None
     bars: list[TimelineBar]
     refusals: int = Field(
-        description="Refusals the log shows: hook tokens refused (hook_conflict) and "
-        "attempts superseded by a later start of the same step."
+        description="Refusals the log shows: hook tokens the World refused (hook_conflict). "
+        "A fence refusal writes nothing, so it shows in /metrics, not here."
     )
     handoffs: int = Field(
         description="Handoffs the log shows: an inline step's retry handed to its own "
-        "message, and a step attempt restarted by another delivery."
+        "message, and a step attempt another delivery took over (a new start before "
+        "the previous attempt's outcome; that attempt is marked superseded)."
     )
 
 

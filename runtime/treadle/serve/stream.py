@@ -90,7 +90,12 @@ class EventStream(Response):
         stopping: asyncio.Event,
         on_close: Callable[[], None],
     ) -> None:
-        super().__init__(content=None, status_code=200, headers=HEADERS)
+        # No Content-Length: the body is open-ended (Response.__init__ would set one).
+        self.status_code = 200
+        self.background = None
+        self.raw_headers = [(b"content-type", b"text/event-stream; charset=utf-8")] + [
+            (k.lower().encode(), v.encode()) for k, v in HEADERS.items()
+        ]
         self.frames = frames
         self.stopping = stopping
         self.on_close = on_close
