@@ -578,7 +578,8 @@ class ReadTimedOut(StorageUnavailable):
 # is the secret part of its URL, and log lines travel further than the URL should.
 
 
-def _short_token(token: str) -> str:
+def shown_token(token: str) -> str:
+    """A webhook token as log lines and messages show it: its first characters."""
     return token[:7] + "..." if len(token) > 7 else token
 
 
@@ -620,7 +621,7 @@ class WebhookSignatureInvalid(HookSignatureInvalid):
     def __init__(self, token: str, reason: str, *, run_id: str, header: str) -> None:
         super().__init__(token, reason)
         self.args = (
-            f"webhook of run {run_id} ({_short_token(token)}) refused: {reason}; "
+            f"webhook of run {run_id} ({shown_token(token)}) refused: {reason}; "
             "nothing was recorded",
         )
         self.run_id = run_id
@@ -659,7 +660,7 @@ class WebhookAlreadyReceived(HookNotFound):
     def __init__(self, token: str, *, run_id: str) -> None:
         super().__init__(token, run_id=run_id)
         self.args = (
-            f"the webhook ({_short_token(token)}) of run {run_id} took its payload already; "
+            f"the webhook ({shown_token(token)}) of run {run_id} took its payload already; "
             "nothing was recorded",
         )
 

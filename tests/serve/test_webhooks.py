@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator
 
 import pytest
@@ -269,3 +270,30 @@ async def test_a_hand_resume_with_a_body_reaches_the_workflow(
     await served.ctx.client.resume_hook(token, {"body": {"status": "paid"}})
     request = (await run.result(timeout=20))["request"]
     assert request["body"] == {"status": "paid"} and request["received_at"] is None
+
+
+async def test_log_lines_name_the_run_and_never_the_whole_token(
+    hooked: tuple[Served, Flows], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The token is the URL's secret: serve's log lines for an accepted call and for
+    refusals (401, 409, 404) carry the run id and only the token's first characters."""
+    served, flows = hooked
+    caplog.set_level(logging.INFO, logger="treadle.serve.webhooks")
+    run = await served.app.start("callback", "hmac")
+    url = await flows.urls.get()
+    token = url.rsplit(".", 1)[1]
+    body = b"{}"
+    bad = await served.anonymous.post(url, content=body, headers={"X-Signature": "sha256=00"})
+    good = await served.anonymous.post(
+        url, content=body, headers={"X-Signature": webhooksig.sign_hmac(SECRET, body)}
+    )
+    again = await served.anonymous.post(url, content=body)
+    assert [bad.status_code, good.status_code, again.status_code] == [401, 202, 409]
+    await run.result(timeout=20)
+    made_up = "hk_" + "0" * 32
+    gone = await served.anonymous.post(f"/hooks/{run.run_id}.{made_up}", content=body)
+    assert gone.status_code == 404
+    lines = [r.getMessage() for r in caplog.records if r.name == "treadle.serve.webhooks"]
+    assert len(lines) >= 4 and all(run.run_id in line for line in lines), lines
+    assert not any(token in line or made_up in line for line in lines), lines
+    assert token not in bad.text + again.text + gone.text

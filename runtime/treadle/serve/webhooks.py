@@ -71,7 +71,7 @@ class WebhookHandler:
         try:
             return await self._accept(request, run_id, token, f"/{rest}" if rest else "")
         except errors.TreadleError as exc:
-            return self._refused(exc, run_id)
+            return self._refused(exc, run_id, token)
         except ClientDisconnect:
             log.info("run %s: the webhook's caller went before its body arrived", run_id)
             return error(400, "request_invalid", "the request ended before its body did")
@@ -94,7 +94,9 @@ class WebhookHandler:
         try:
             await self.ctx.client.resume_found_hook(token, hook, model)
         except errors.HookWakeFailed as exc:
-            log.warning("run %s: webhook payload recorded, wake not sent: %s", run_id, exc)
+            log.warning(
+                "run %s: webhook payload recorded, wake not sent: %s", run_id, _hide(exc, token)
+            )
         except errors.HookNotFound:
             # Another call took the payload (or the hook went) between lookup and write.
             found = await webhooklookup.state_in_log(self.ctx.world, run_id, token)
@@ -115,11 +117,11 @@ class WebhookHandler:
             scheme, headers, body, secret, now=clock.now(), token=token, run_id=run_id
         )
 
-    def _refused(self, exc: errors.TreadleError, run_id: str) -> Response:
+    def _refused(self, exc: errors.TreadleError, run_id: str, token: str) -> Response:
         status, code = _status_of(exc)
         level = logging.ERROR if status >= 500 else logging.INFO
-        log.log(level, "run %s: webhook call refused (%d %s): %s", run_id, status, code, exc)
-        message = exc.message if isinstance(exc, errors.RequestRefused) else str(exc)
+        message = exc.message if isinstance(exc, errors.RequestRefused) else _hide(exc, token)
+        log.log(level, "run %s: webhook call refused (%d %s): %s", run_id, status, code, message)
         if isinstance(exc, errors.HookNotFound) and not isinstance(
             exc, errors.WebhookAlreadyReceived
         ):
@@ -129,6 +131,12 @@ class WebhookHandler:
         ):
             message = f"the webhook could not be recorded ({type(exc).__name__}); retry later"
         return error(status, code, message)
+
+
+def _hide(exc: BaseException, token: str) -> str:
+    """The error's message with the token cut to its first characters (the token is the
+    URL's secret; a message may quote it whole, as HookNotFound's does)."""
+    return str(exc).replace(token, errors.shown_token(token))
 
 
 def _status_of(exc: errors.TreadleError) -> tuple[int, str]:
