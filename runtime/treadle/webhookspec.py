@@ -7,8 +7,8 @@ path lets ``treadle serve`` tell a hook that already took its payload (409) from
 that never existed or is gone (404): the World forgets a hook's token once its payload
 is recorded, but the run's log keeps ``hook_created`` and ``hook_received``.
 
-What the workflow chose (the response, the signature scheme, the URL) is kept in the
-hook's stored metadata (``wrap_metadata``), so it binds whichever serve replica takes
+What the workflow chose (the response, the signature scheme, the URL's base) is kept
+in the hook's stored metadata (``wrap_metadata``), so it binds whichever serve replica takes
 the call. Never a secret: a signature names the environment variable of serve that
 holds it (``secret_env``).
 
@@ -121,7 +121,10 @@ class WebhookSpec(BaseModel):
     # ``WebhookSpecUnreadable``); a field a newer treadle adds beside them is ignored.
     model_config = ConfigDict(frozen=True)
 
-    url: str
+    # TREADLE_PUBLIC_URL when the webhook was made ("" unset): a replay builds the same
+    # URL from it and the recorded token. Never the URL itself: the token is its
+    # secret, and readers of the log (the JSON API's read-only role) must not get it.
+    base_url: str = ""
     respond: WebhookResponse = Field(default_factory=WebhookResponse)
     signature: Signature | None = None
 

@@ -297,3 +297,24 @@ async def test_log_lines_name_the_run_and_never_the_whole_token(
     assert len(lines) >= 4 and all(run.run_id in line for line in lines), lines
     assert not any(token in line or made_up in line for line in lines), lines
     assert token not in bad.text + again.text + gone.text
+
+
+async def test_the_read_only_api_never_shows_a_webhooks_token_from_its_hook(
+    hooked: tuple[Served, Flows],
+) -> None:
+    """The hook's metadata holds the URL's base, never the URL, so the read-only role's
+    view of ``hook_created`` (token hidden by the API) cannot be turned into a call.
+    (Where the workflow itself puts the URL, a step's arguments here, readers see it:
+    docs/webhooks.md says so and recommends a signature.)"""
+    served, flows = hooked
+    run = await served.app.start("callback", "json")
+    url = await flows.urls.get()
+    token = url.rsplit(".", 1)[1]
+    logged = await waiting(served.world, run.run_id)
+    created = next(e.event for e in logged if isinstance(e.event, events.HookCreated))
+    assert token not in json.dumps(created.metadata), created.metadata
+    page = await served.reader.get(f"/api/runs/{run.run_id}/events")
+    assert page.status_code == 200, page.text
+    hooks = [e for e in page.json()["events"] if e["type"] == "hook_created"]
+    assert len(hooks) == 1 and token not in json.dumps(hooks), hooks
+    assert hooks[0]["event"]["metadata"]["treadle.webhook"]["base_url"] == ""

@@ -10,9 +10,10 @@ In workflow code::
 The hook under it is a ``create_hook()`` hook with a minted token (128 random bits,
 taken from the log on every replay), so the URL is the same on every replay: its
 base (``TREADLE_PUBLIC_URL``) is recorded in the hook's metadata with the webhook's
-response and signature scheme (``treadle.webhookspec``), and a replay takes the URL
-from there. A POST to the URL, answered by ``treadle serve`` (``serve.webhooks``),
-resumes the hook with the call as a ``WebhookRequest``.
+response and signature scheme (``treadle.webhookspec``), and a replay builds the URL
+from that base and the recorded token (the metadata never holds the token). A POST
+to the URL, answered by ``treadle serve`` (``serve.webhooks``), resumes the hook with
+the call as a ``WebhookRequest``.
 """
 
 from __future__ import annotations
@@ -115,16 +116,17 @@ def create_webhook(
     hook_op = replay.create_hook(None, None, namespace=active.hook_token_namespace)
     recorded = webhookspec.spec_of(replay.recorded_hook_metadata(hook_op))
     if recorded is not None:
-        url = recorded.url
+        base = recorded.base_url
     else:
-        if active.public_url is None:
+        base = active.public_url or ""
+        if not base:
             log.warning(
                 "run %s: TREADLE_PUBLIC_URL is not set; the webhook's url is a bare path",
                 replay.run_id,
             )
-        url = webhookspec.url(active.public_url, replay.run_id, hook_op.token)
+    url = webhookspec.url(base, replay.run_id, hook_op.token)
     spec = webhookspec.WebhookSpec(
-        url=url, respond=respond_with or WebhookResponse(), signature=signature
+        base_url=base, respond=respond_with or WebhookResponse(), signature=signature
     )
     hook_op.metadata = webhookspec.wrap_metadata(spec, metadata)
     handle = HookHandle(hook_op)
