@@ -14,7 +14,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from treadle import clock, webhooksig
+from treadle import WebhookRequest, clock, errors, webhooksig
+from treadle.serve import webhooklookup
 from treadle.world import events
 
 from .conftest import Served, StartServe
@@ -318,3 +319,24 @@ async def test_the_read_only_api_never_shows_a_webhooks_token_from_its_hook(
     hooks = [e for e in page.json()["events"] if e["type"] == "hook_created"]
     assert len(hooks) == 1 and token not in json.dumps(hooks), hooks
     assert hooks[0]["event"]["metadata"]["treadle.webhook"]["base_url"] == ""
+
+
+async def test_the_loser_of_the_write_is_told_the_payload_was_taken(
+    hooked: tuple[Served, Flows],
+) -> None:
+    """The race's second half, step by step: a call that looked the hook up live, then
+    lost the write to another, gets HookNotFound from the World, and the run's log
+    turns it into WebhookAlreadyReceived (what serve answers 409)."""
+    served, flows = hooked
+    run = await served.app.start("callback", "json")
+    token = (await flows.urls.get()).rsplit(".", 1)[1]
+    await waiting(served.world, run.run_id)
+    hook = await webhooklookup.find_live(served.world, run.run_id, token, None)
+    await served.ctx.client.resume_found_hook(token, hook, WebhookRequest(body={"n": 1}))
+    with pytest.raises(errors.HookNotFound):
+        await served.ctx.client.resume_found_hook(token, hook, WebhookRequest(body={"n": 2}))
+    found = await webhooklookup.state_in_log(served.world, run.run_id, token)
+    assert found.state == "received"
+    refusal = webhooklookup.refusal(found, token, run.run_id)
+    assert isinstance(refusal, errors.WebhookAlreadyReceived)
+    assert (await run.result(timeout=20))["request"]["body"] == {"n": 1}

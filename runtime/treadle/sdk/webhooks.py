@@ -110,8 +110,6 @@ def create_webhook(
     """
     replay = context.require_replay("create_webhook()")
     active = limits.active()
-    if metadata is not None:
-        limits.check_value(metadata, "webhook metadata")
     # The hook is created first: its token (minted, or the log's on replay) makes the URL.
     hook_op = replay.create_hook(None, None, namespace=active.hook_token_namespace)
     recorded = webhookspec.spec_of(replay.recorded_hook_metadata(hook_op))
@@ -129,6 +127,7 @@ def create_webhook(
         base_url=base, respond=respond_with or WebhookResponse(), signature=signature
     )
     hook_op.metadata = webhookspec.wrap_metadata(spec, metadata)
+    limits.check_value(hook_op.metadata, "webhook options (respond_with, metadata)")
     handle = HookHandle(hook_op)
     if handle.conflict() is not None:  # a minted token never conflicts; say so if it did
         raise errors.WorkflowError(f"run {replay.run_id}: a webhook's minted token conflicted")
