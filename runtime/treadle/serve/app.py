@@ -33,7 +33,7 @@ from starlette.routing import BaseRoute, Route
 
 from treadle import errors
 from treadle.serve import api, http, inspector, webhooks
-from treadle.serve.auth import Authenticator, AuthMiddleware
+from treadle.serve.auth import Authenticator, AuthMiddleware, RedactingFilter, redact_path
 from treadle.serve.bodylimit import BodyLimitMiddleware
 from treadle.serve.context import ServeContext
 
@@ -72,8 +72,8 @@ def _http_error(request: Request, exc: Exception) -> Response:
 
 def _unexpected(request: Request, exc: Exception) -> Response:
     log.error(
-        "unexpected %s on %s %s", type(exc).__name__, request.method, request.url.path,
-        exc_info=exc,
+        "unexpected %s on %s %s", type(exc).__name__, request.method,
+        redact_path(request.url.path), exc_info=exc,
     )  # fmt: skip
     return http.json_error(
         500, "internal", f"unexpected {type(exc).__name__}; the server logged it"
@@ -104,7 +104,9 @@ def create_app(ctx: ServeContext) -> Starlette:
             )
         )
     middleware.append(Middleware(BodyLimitMiddleware, limit=ctx.serve.TREADLE_SERVE_MAX_BODY_BYTES))
-    authenticator = Authenticator(ctx.serve, insecure=ctx.insecure_no_auth)
+    # Insecure only where nothing is configured: a token set means the token is asked.
+    insecure = ctx.insecure_no_auth and not ctx.serve.auth_configured
+    authenticator = Authenticator(ctx.serve, insecure=insecure)
     middleware.append(Middleware(AuthMiddleware, authenticator=authenticator))
     return Starlette(
         routes=routes,
@@ -168,6 +170,10 @@ class Server:
             server_header=False,
             timeout_graceful_shutdown=int(GRACE_SECONDS),
         )
+        if access_log:
+            access = logging.getLogger("uvicorn.access")
+            if not any(isinstance(f, RedactingFilter) for f in access.filters):
+                access.addFilter(RedactingFilter())
         self._server = _Uvicorn(config, ctx, signals=signals)
         self._task: asyncio.Task[None] | None = None
         self.host = host
@@ -197,8 +203,17 @@ class Server:
         bound = self._server.servers[0].sockets[0].getsockname()
         self.port = int(bound[1])
 
-    async def stop(self) -> None:
+    def request_stop(self) -> None:
+        """Begin a graceful stop (safe from a signal handler); ``wait`` returns after it."""
         self._server.should_exit = True
+
+    async def wait(self) -> None:
+        """Until the server has stopped (``request_stop``, or uvicorn's own signals)."""
+        if self._task is not None:
+            await asyncio.shield(self._task)
+
+    async def stop(self) -> None:
+        self.request_stop()
         if self._task is not None:
             await self._task
             self._task = None
