@@ -7,5 +7,5 @@ Modules, each owning one concern and offering ``routes(ctx)``:
 - ``auth``: bearer token or a trusted proxy header, the read-only role.
 - ``api``: the JSON API (runs, events, actions, hooks, deployments), OpenAPI, SSE.
 - ``webhooks``: POST to a webhook URL resumes its hook (signatures, size limit).
-- ``inspector``: the web page over the API (static files under ``inspector/``).
+- ``inspector``: the web page over the API (static files under ``inspector_static/``).
 """

@@ -1,0 +1,121 @@
+// One run's timeline as a Gantt chart: a row per step, wait or hook (from
+// GET /api/runs/<id>/timeline), each attempt a segment on a shared time axis.
+// Inline and background steps are marked, retries show as several segments, and
+// the fence refusals / handoffs the API counts are shown beside the chart.
+
+import { formatDuration, h, pick, toDate } from "./dom.js";
+
+/** The bars of a timeline answer, whatever the list is called. */
+export function barsOf(timeline) {
+  if (Array.isArray(timeline)) return timeline;
+  return (timeline && (timeline.bars || timeline.items || timeline.timeline)) || [];
+}
+
+/** A bar's attempts as [{attempt, start, end, outcome}] (a wait/hook: one span). */
+function spansOf(bar, now) {
+  const attempts = Array.isArray(bar.attempts) ? bar.attempts : [];
+  const spans = attempts.map((a, i) => ({
+    attempt: pick(a, "attempt") ?? i + 1,
+    start: toDate(pick(a, "started_at", "start")),
+    end: toDate(pick(a, "ended_at", "end")),
+    outcome: pick(a, "outcome", "status") || (pick(a, "ended_at") ? "completed" : "running"),
+  })).filter((s) => s.start);
+  if (!spans.length) {
+    const start = toDate(pick(bar, "start", "started_at", "created_at"));
+    if (start) {
+      spans.push({ attempt: null, start, end: toDate(pick(bar, "end", "ended_at")),
+        outcome: pick(bar, "status") || "running" });
+    }
+  }
+  for (const span of spans) span.open = !span.end;
+  for (const span of spans) if (!span.end) span.end = now;
+  return spans;
+}
+
+/** "<n> refusals"-style counts: the timeline's own, else summed over its bars. */
+export function countsOf(timeline) {
+  const bars = barsOf(timeline);
+  const total = (key) => {
+    const top = timeline && !Array.isArray(timeline) ? timeline[key] : undefined;
+    if (typeof top === "number") return top;
+    const summed = bars.reduce((n, b) => n + (typeof b[key] === "number" ? b[key] : 0), 0);
+    return bars.some((b) => typeof b[key] === "number") ? summed : null;
+  };
+  return { refusals: total("refusals"), handoffs: total("handoffs") };
+}
+
+/**
+ * The chart for a timeline. runStart/runEnd (Dates or null) widen the axis to the
+ * run's own span; open spans end at `now` (re-rendered each second while live).
+ */
+export function renderGantt(timeline, { runStart = null, runEnd = null, now = new Date() } = {}) {
+  const bars = barsOf(timeline);
+  const rows = bars.map((bar) => ({ bar, spans: spansOf(bar, now) }));
+  const times = rows.flatMap((r) => r.spans.flatMap((s) => [s.start.getTime(), s.end.getTime()]));
+  if (runStart) times.push(runStart.getTime());
+  if (runEnd) times.push(runEnd.getTime());
+  if (!rows.length) {
+    return h("p", { class: "muted empty-timeline" }, "No steps or waits yet.");
+  }
+  const t0 = Math.min(...times);
+  const t1 = Math.max(...times, t0 + 1);
+  const span = t1 - t0;
+  const pct = (t) => `${(((t - t0) / span) * 100).toFixed(3)}%`;
+
+  const axis = h("div", { class: "axis", "aria-hidden": "true" },
+    [0, 0.25, 0.5, 0.75, 1].map((f) => {
+      const tick = h("span", { class: "tick" }, `+${formatDuration(span * f)}`);
+      tick.style.left = `${f * 100}%`;
+      return tick;
+    }));
+
+  const list = h("ol", { class: "gantt", "aria-label": "Timeline: steps and waits" },
+    rows.map(({ bar, spans }) => renderRow(bar, spans, pct)));
+  return h("div", { class: "gantt-wrap" }, h("div", { class: "gantt-head" },
+    h("span", { class: "label-col" }, "Step / wait"), axis), list);
+}
+
+function renderRow(bar, spans, pct) {
+  const kind = pick(bar, "kind") || "step";
+  const name = pick(bar, "name", "step_name", "id") || "?";
+  const status = pick(bar, "status") || (spans.some((s) => s.open) ? "running" : "completed");
+  const inline = pick(bar, "inline");
+  const tags = [h("span", { class: `tag kind-${kind}` }, kind)];
+  if (kind === "step" && inline !== undefined) {
+    tags.push(h("span", { class: `tag ${inline ? "inline" : "background"}` },
+      inline ? "inline" : "background"));
+  }
+  const attempts = spans.filter((s) => s.attempt !== null).length;
+  if (attempts > 1) tags.push(h("span", { class: "tag attempts" }, `${attempts} attempts`));
+  for (const key of ["refusals", "handoffs"]) {
+    if (typeof bar[key] === "number" && bar[key] > 0) {
+      tags.push(h("span", { class: `tag ${key}` }, `${bar[key]} ${key}`));
+    }
+  }
+  const first = spans[0];
+  const last = spans[spans.length - 1];
+  const took = first ? formatDuration(last.end - first.start) : "";
+  // The sentence a screen reader hears for the row (the segments are drawn only).
+  const summary = `${kind} ${name}, ${status}` +
+    (kind === "step" && inline !== undefined ? `, ${inline ? "inline" : "background"}` : "") +
+    (attempts > 1 ? `, ${attempts} attempts` : "") + (took ? `, ${took}` : "");
+
+  const track = h("div", { class: "track", "aria-hidden": "true" }, spans.map((s) => {
+    const seg = h("span", {
+      class: `seg outcome-${String(s.outcome).replace(/[^a-z_-]/gi, "")}${s.open ? " open" : ""}`,
+      title: `${s.attempt ? `attempt ${s.attempt}: ` : ""}${s.outcome}, ${formatDuration(s.end - s.start)}`,
+    });
+    seg.style.left = pct(s.start.getTime());
+    seg.style.width = `calc(${pct(s.end.getTime())} - ${pct(s.start.getTime())})`;
+    return seg;
+  }));
+  return h("li", {
+    class: `bar kind-${kind} status-${String(status).replace(/[^a-z_-]/gi, "")}`,
+    dataset: { id: pick(bar, "id") || "", name, kind, status },
+  },
+  h("div", { class: "label-col" },
+    h("span", { "aria-hidden": "true" },
+      h("span", { class: "name" }, name), " ", tags, " ", h("span", { class: "took muted" }, took)),
+    h("span", { class: "visually-hidden" }, summary)),
+  track);
+}

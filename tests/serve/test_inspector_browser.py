@@ -1,0 +1,242 @@
+"""The inspector in a real headless Chromium over a real ``treadle serve`` (issue 13 item 2).
+
+Each test starts ``treadle serve`` on a fresh local World (the ``start_serve`` fixture of
+tests/serve/conftest.py: real uvicorn, real worker) and drives the page as a user
+would: log in, read the runs list, open a run, watch a step appear live, press cancel.
+One browser serves the whole module. Selenium is blocking, so every browser call runs
+in a thread (``Page``) while the server and the worker keep this test's event loop.
+Screenshots are kept under the printed artifacts directory (never committed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from treadle import Workflows, sleep
+
+from .browser import artifacts_dir, open_browser, wait_for
+from .conftest import FULL_TOKEN, READ_TOKEN, Served, StartServe
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    driver = open_browser()
+    print(f"\ninspector screenshots: {artifacts_dir()}")
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+class Page:
+    """The browser on one server; each call runs in a thread (selenium blocks)."""
+
+    def __init__(self, driver: Any, served: Served) -> None:
+        self.driver = driver
+        self.url = served.url
+
+    async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return await asyncio.to_thread(fn, *args)
+
+    async def open(self, path: str) -> None:
+        await self.call(self.driver.get, self.url + path)
+
+    async def wait(self, condition: Callable[[Any], Any], what: str, timeout: float = 15.0) -> Any:
+        return await self.call(wait_for, self.driver, condition, what, timeout)
+
+    async def js(self, script: str, *args: Any) -> Any:
+        return await self.call(self.driver.execute_script, script, *args)
+
+    async def css(self, selector: str) -> list[Any]:
+        from selenium.webdriver.common.by import By
+
+        return list(await self.call(self.driver.find_elements, By.CSS_SELECTOR, selector))
+
+    async def shot(self, name: str) -> None:
+        path = artifacts_dir() / f"{name}.png"
+        await self.call(self.driver.save_screenshot, str(path))
+        print(f"screenshot: {path}")
+
+    async def login(self, token: str) -> None:
+        """Opens the page with a clean tab session and logs in through the form."""
+        await self.open("/")
+        await self.js("sessionStorage.clear(); location.reload();")
+        form = await self.wait(_visible("#token"), "the login form")
+        await self.call(form.send_keys, token)
+        button = (await self.css("form.login button[type=submit]"))[0]
+        await self.call(button.click)
+
+
+def _visible(selector: str) -> Callable[[Any], Any]:
+    from selenium.webdriver.common.by import By
+
+    def check(driver: Any) -> Any:
+        found = [e for e in driver.find_elements(By.CSS_SELECTOR, selector) if e.is_displayed()]
+        return found[0] if found else False
+
+    return check
+
+
+def _attr(selector: str, name: str, value: str) -> Callable[[Any], Any]:
+    from selenium.webdriver.common.by import By
+
+    def check(driver: Any) -> Any:
+        found = driver.find_elements(By.CSS_SELECTOR, selector)
+        return found[0] if found and found[0].get_attribute(name) == value else False
+
+    return check
+
+
+def _register(app: Workflows, gates: dict[str, asyncio.Event]) -> dict[str, Any]:
+    """The workflows the tests run: one quick, one held on a gate, one asleep."""
+
+    @app.step
+    async def greet(name: str) -> str:
+        return f"hello, {name}"
+
+    @app.workflow
+    async def hello(name: str) -> str:
+        return await greet(name)
+
+    @app.step
+    async def prepare(order_id: str) -> str:
+        return order_id.upper()
+
+    @app.step
+    async def held(order_id: str) -> str:
+        # Runs until the test opens the gate: the run is visibly mid-flight meanwhile.
+        await gates.setdefault(order_id, asyncio.Event()).wait()
+        return "released"
+
+    @app.step
+    async def ship(order_id: str) -> str:
+        return f"shipped {order_id}"
+
+    @app.workflow
+    async def order(order_id: str) -> str:
+        await prepare(order_id)
+        await held(order_id)
+        return await ship(order_id)
+
+    @app.workflow
+    async def nap(minutes: int) -> str:
+        await sleep(f"{minutes}m")
+        return "rested"
+
+    return {"hello": hello, "order": order, "nap": nap}
+
+
+@pytest.fixture
+async def stack(
+    start_serve: StartServe, browser: Any
+) -> tuple[Served, Page, dict[str, Any], dict[str, asyncio.Event]]:
+    served = await start_serve()
+    gates: dict[str, asyncio.Event] = {}
+    flows = _register(served.app, gates)
+    return served, Page(browser, served), flows, gates
+
+
+async def test_the_runs_list_shows_a_run_and_opens_its_page(stack: Any) -> None:
+    """Issue 13 item 2: load the runs list, see a run, open it (timeline, output)."""
+    served, page, flows, _ = stack
+    run = await served.app.start(flows["hello"], "world")
+    assert await run.result(timeout=20) == "hello, world"
+
+    await page.login(FULL_TOKEN)
+    row = f'tr[data-run-id="{run.run_id}"]'
+    await page.wait(_attr(row, "data-status", "completed"), "the completed run in the list")
+    cells = [c.text for c in await page.css(f"{row} td")]
+    assert cells[0] == "completed" and cells[1] == run.run_id and cells[2] == "hello"
+    await page.shot("runs-list")
+
+    link = (await page.css(f"{row} a"))[0]
+    await page.call(link.click)
+    await page.wait(_visible('li.bar[data-name="greet"]'), "the greet step's bar")
+    title = (await page.css("h1.run-title"))[0]
+    assert run.run_id in title.text and "completed" in title.text
+    output = [e.text for e in await page.css(".io pre.json")]
+    assert '"hello, world"' in output
+    assert await page.js("return location.pathname") == f"/runs/{run.run_id}"
+    await page.shot("run-completed")
+
+
+async def test_a_step_appears_live_without_a_reload(stack: Any) -> None:
+    """Issue 13 item 2 (live updates over SSE): a run held in a step moves on screen
+    when the test releases it: the next step's bar appears, the run completes, and the
+    page was never reloaded."""
+    served, page, flows, gates = stack
+    gates["o-live"] = asyncio.Event()
+    run = await served.app.start(flows["order"], "o-live")
+
+    await page.login(FULL_TOKEN)
+    await page.wait(_visible("table.runs"), "the runs list")
+    await page.open(f"/runs/{run.run_id}")
+    await page.wait(_attr('li.bar[data-name="held"]', "data-status", "running"), "held running")
+    assert not await page.css('li.bar[data-name="ship"]')
+    await page.js("window.__not_reloaded = true;")
+    await page.shot("run-live-held")
+
+    gates["o-live"].set()
+    await page.wait(_visible('li.bar[data-name="ship"]'), "the ship step appearing live")
+    await page.wait(_attr('li.bar[data-name="held"]', "data-status", "completed"), "held done")
+    await page.wait(lambda d: "completed" in d.find_element("css selector", "h1").text, "done")
+    assert await page.js("return window.__not_reloaded === true") is True
+    assert await run.result(timeout=20) == "shipped o-live"
+    await page.shot("run-live-completed")
+
+
+async def test_cancel_button_cancels_the_run_in_the_world(stack: Any) -> None:
+    """Issue 13 item 2: press cancel (and confirm); the page shows the run cancelled and
+    the World holds it cancelled."""
+    served, page, flows, _ = stack
+    run = await served.app.start(flows["nap"], 60)
+
+    await page.login(FULL_TOKEN)
+    await page.wait(_visible("table.runs"), "the runs list")
+    await page.open(f"/runs/{run.run_id}")
+    await page.wait(_visible("li.bar.kind-wait"), "the sleep's wait bar")
+    button = await page.wait(_visible("button.danger"), "the cancel button")
+    assert button.text == "Cancel run"
+    await page.call(button.click)
+    alert = await page.wait(lambda d: d.switch_to.alert, "the confirm dialog")
+    assert run.run_id in alert.text
+    await page.call(alert.accept)
+
+    await page.wait(lambda d: "cancelled" in d.find_element("css selector", "h1").text, "cancelled")
+    assert (await served.world.runs.get(run.run_id)).status == "cancelled"
+    cancel = (await page.css("button.danger"))[0]
+    assert not cancel.is_enabled()
+    await page.shot("run-cancelled")
+
+
+async def test_a_read_only_token_sees_no_actions(stack: Any) -> None:
+    """Issue 13 item 1 (read-only role): the page shows the run but no action buttons."""
+    served, page, flows, _ = stack
+    run = await served.app.start(flows["nap"], 60)
+
+    await page.login(READ_TOKEN)
+    await page.wait(_visible(f'tr[data-run-id="{run.run_id}"]'), "the run in the list")
+    assert (await page.css("#role"))[0].text == "read-only"
+    await page.open(f"/runs/{run.run_id}")
+    await page.wait(_visible(".read-only-note"), "the read-only note")
+    await page.wait(_visible("li.bar.kind-wait"), "the run's timeline")
+    assert not await page.css("section.actions")
+    buttons = {b.text for b in await page.css("main button")}
+    assert not buttons & {"Cancel run", "Wake", "Re-run", "Resume hook"}
+    await page.shot("run-read-only")
+
+
+async def test_a_bad_token_shows_the_login_error(stack: Any) -> None:
+    """Issue 13 item 1 (auth): a wrong token is refused on the form, which says so and
+    shows no data."""
+    _, page, _, _ = stack
+    await page.login("not-the-token-at-all")
+    problem = await page.wait(_visible("#login-error"), "the login error")
+    assert "refused" in problem.text
+    assert not await page.css("table.runs")
+    assert await page.js("return sessionStorage.getItem('treadle.token')") is None
+    await page.shot("login-refused")
