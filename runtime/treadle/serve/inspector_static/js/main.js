@@ -42,7 +42,7 @@ function navigate(url, { replace: replaceState = false } = {}) {
 /** The live-updates indicator in the header: "live", "reconnecting" or "". */
 function setLive(state) {
   liveNode.textContent = state === "live" ? "● live" : state ? `○ ${state}` : "";
-  liveNode.className = `live ${state || ""}`;
+  liveNode.dataset.state = state || "";
 }
 
 /** Called by a view when the API answered 401: forget the token, ask for one. */

@@ -39,12 +39,15 @@ export function mountRun(main, ctx, runId) {
     "Read-only access: actions are not available.") : renderActions();
   const eventsBox = renderEvents();
 
-  replace(main,
-    h("p", { class: "crumbs" }, h("a", { href: "/", "data-nav": "" }, "← All runs")),
-    title, problem, facts, actions, waiting,
+  // Everything but the title and the problem line waits for the first answer.
+  const body = h("div", { class: "run-body", hidden: true },
+    facts, actions, waiting,
     h("section", { class: "card", "aria-labelledby": "timeline-title" },
       h("h2", { id: "timeline-title" }, "Timeline"), counts, chart),
     io, eventsBox);
+  replace(main,
+    h("p", { class: "crumbs" }, h("a", { href: "/", "data-nav": "" }, "← All runs")),
+    title, problem, body);
 
   async function load() {
     let detail;
@@ -61,6 +64,7 @@ export function mountRun(main, ctx, runId) {
     }
     if (closed) return;
     problem.hidden = true;
+    body.hidden = false;
     run = detail;
     timeline = bars;
     render();
