@@ -23,6 +23,7 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from treadle.serve import auth
 from treadle.serve.context import ServeContext
 
 STATIC_DIR = Path(__file__).with_name("inspector_static")
@@ -57,13 +58,11 @@ async def session(request: Request) -> Response:
 
     Not a public path: a request without valid credentials never gets here (401).
     """
-    found = request.scope.get("treadle.principal")
-    role = str(getattr(found, "role", "full"))
-    user = getattr(found, "user", None)
-    via = getattr(found, "via", None)
-    return JSONResponse(
-        {"role": role, "user": user, "via": via}, headers={"Cache-Control": "no-store"}
-    )
+    who = auth.principal(request)
+    body = {"role": "read", "user": None, "via": None}
+    if who is not None:
+        body = {"role": who.role, "user": who.user, "via": who.via}
+    return JSONResponse(body, headers={"Cache-Control": "no-store"})
 
 
 class _WithHeaders:

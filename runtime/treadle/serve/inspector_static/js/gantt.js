@@ -19,6 +19,7 @@ function spansOf(bar, now) {
     start: toDate(pick(a, "started_at", "start")),
     end: toDate(pick(a, "ended_at", "end")),
     outcome: pick(a, "outcome", "status") || (pick(a, "ended_at") ? "completed" : "running"),
+    error: typeof a.error === "string" ? a.error : null,
   })).filter((s) => s.start);
   if (!spans.length) {
     const start = toDate(pick(bar, "start", "started_at", "created_at"));
@@ -103,7 +104,8 @@ function renderRow(bar, spans, pct) {
   const track = h("div", { class: "track", "aria-hidden": "true" }, spans.map((s) => {
     const seg = h("span", {
       class: `seg outcome-${String(s.outcome).replace(/[^a-z_-]/gi, "")}${s.open ? " open" : ""}`,
-      title: `${s.attempt ? `attempt ${s.attempt}: ` : ""}${s.outcome}, ${formatDuration(s.end - s.start)}`,
+      title: `${s.attempt ? `attempt ${s.attempt}: ` : ""}${s.outcome}, ${formatDuration(s.end - s.start)}` +
+        (s.error ? ` (${s.error})` : ""),
     });
     seg.style.left = pct(s.start.getTime());
     seg.style.width = `calc(${pct(s.end.getTime())} - ${pct(s.start.getTime())})`;

@@ -14,6 +14,9 @@ export function mountLogin(main, { error, onToken }) {
   problem.hidden = !error;
   const form = h("form", { class: "login card", "aria-labelledby": "login-title" },
     h("h1", { id: "login-title" }, "Log in"),
+    // A fixed user name beside the password field, as password managers expect.
+    h("input", { type: "text", name: "username", autocomplete: "username", value: "treadle",
+      hidden: true, "aria-hidden": "true", tabindex: "-1" }),
     h("label", { for: "token" }, "Access token"),
     input,
     h("p", { id: "token-help", class: "muted" },

@@ -41,10 +41,10 @@ export function mountRun(main, ctx, runId) {
 
   // Everything but the title and the problem line waits for the first answer.
   const body = h("div", { class: "run-body", hidden: true },
-    facts, actions, waiting,
+    facts, waiting,
     h("section", { class: "card", "aria-labelledby": "timeline-title" },
       h("h2", { id: "timeline-title" }, "Timeline"), counts, chart),
-    io, eventsBox);
+    actions, io, eventsBox);
   replace(main,
     h("p", { class: "crumbs" }, h("a", { href: "/", "data-nav": "" }, "← All runs")),
     title, problem, body);
@@ -154,7 +154,8 @@ export function mountRun(main, ctx, runId) {
         return;
       }
       const token = hookToken.value.trim();
-      perform("resume", () => post(`/api/hooks/${encodeURIComponent(token)}/resume`, body),
+      // The API's ResumeRequest: {"payload": <the hook's payload>}.
+      perform("resume", () => post(`/api/hooks/${encodeURIComponent(token)}/resume`, { payload: body }),
         () => `Hook ${token} resumed.`);
     });
     return h("section", { class: "card actions", "aria-labelledby": "actions-title" },
@@ -266,10 +267,16 @@ export function mountRun(main, ctx, runId) {
 function describeWait(item) {
   if (!item || typeof item !== "object") return String(item);
   const kind = pick(item, "kind", "type") || "wait";
-  const what = pick(item, "name", "token", "correlation_id") || "";
-  const until = pick(item, "resume_at", "until", "due_at");
+  const what = pick(item, "name", "token", "id", "correlation_id") || "";
+  const until = pick(item, "until", "resume_at");
+  const since = pick(item, "since");
+  const attempt = pick(item, "attempt");
   return [h("span", { class: `tag kind-${String(kind).replace(/[^a-z_-]/gi, "")}` }, kind), " ",
-    h("span", { class: "mono" }, what), until ? [" until ", timeNode(until)] : null];
+    h("span", { class: "mono" }, what),
+    kind === "hook" && item.token && item.token !== what ? [" token ", h("span", { class: "mono" }, item.token)] : null,
+    attempt > 1 ? ` (attempt ${attempt})` : null,
+    since ? [" since ", timeNode(since)] : null,
+    until ? [" until ", timeNode(until)] : null];
 }
 
 /** The run's error: message and type; the stack only inside a closed "details". */
