@@ -3,7 +3,7 @@
 // Inline and background steps are marked, retries show as several segments, and
 // the fence refusals / handoffs the API counts are shown beside the chart.
 
-import { formatDuration, h, pick, toDate } from "./dom.js";
+import { formatDuration, formatTime, h, pick, toDate } from "./dom.js";
 
 /** The bars of a timeline answer, whatever the list is called. */
 export function barsOf(timeline) {
@@ -71,14 +71,23 @@ export function renderGantt(timeline, { runStart = null, runEnd = null, now = ne
     }));
 
   const list = h("ol", { class: "gantt", "aria-label": "Timeline: steps and waits" },
-    rows.map(({ bar, spans }) => renderRow(bar, spans, pct)));
+    rows.map(({ bar, spans }) => renderRow(bar, spans, pct, now)));
   return h("div", { class: "gantt-wrap" }, h("div", { class: "gantt-head" },
     h("span", { class: "label-col" }, "Step / wait"), axis), list);
 }
 
-function renderRow(bar, spans, pct) {
+/** "18:53:41" today, "12-03 18:53:41" on another day. */
+function shortTime(date, now) {
+  const text = formatTime(date);
+  return text.slice(0, 10) === formatTime(now).slice(0, 10) ? text.slice(11) : text.slice(5);
+}
+
+function renderRow(bar, spans, pct, now) {
   const kind = pick(bar, "kind") || "step";
   const name = pick(bar, "name", "step_name", "id") || "?";
+  // A sleep is named "sleep until <ISO time>" by the API: show the time readably.
+  const sleepUntil = kind === "wait" && /^sleep until /.test(name) ? toDate(name.slice(12)) : null;
+  const label = sleepUntil ? `sleep until ${shortTime(sleepUntil, now)}` : name;
   const status = pick(bar, "status") || (spans.some((s) => s.open) ? "running" : "completed");
   const inline = pick(bar, "inline");
   const tags = [h("span", { class: `tag kind-${kind}` }, kind)];
@@ -97,7 +106,7 @@ function renderRow(bar, spans, pct) {
   const last = spans[spans.length - 1];
   const took = first ? formatDuration(last.end - first.start) : "";
   // The sentence a screen reader hears for the row (the segments are drawn only).
-  const summary = `${kind} ${name}, ${status}` +
+  const summary = `${kind} ${label}, ${status}` +
     (kind === "step" && inline !== undefined ? `, ${inline ? "inline" : "background"}` : "") +
     (attempts > 1 ? `, ${attempts} attempts` : "") + (took ? `, ${took}` : "");
 
@@ -117,7 +126,7 @@ function renderRow(bar, spans, pct) {
   },
   h("div", { class: "label-col" },
     h("span", { "aria-hidden": "true" },
-      h("span", { class: "name" }, name), " ", tags, " ", h("span", { class: "took muted" }, took)),
+      h("span", { class: "name", title: name }, label), " ", tags, " ", h("span", { class: "took muted" }, took)),
     h("span", { class: "visually-hidden" }, summary)),
   track);
 }

@@ -74,7 +74,7 @@ export function mountRun(main, ctx, runId) {
     const status = pick(run, "status");
     replace(title, h("span", { class: "mono" }, runId), " ", statusBadge(status));
     document.title = `${runId} · treadle inspector`;
-    const fact = (label, value) => [h("dt", {}, label), h("dd", {}, value)];
+    const fact = (label, value) => h("div", {}, h("dt", {}, label), h("dd", {}, value));
     replace(facts,
       fact("Workflow", pick(run, "workflow", "workflow_name") || ""),
       fact("Revision", h("span", { class: "mono" }, revisionOf(run))),
@@ -117,14 +117,14 @@ export function mountRun(main, ctx, runId) {
   function renderIo() {
     const error = pick(run, "error");
     replace(io,
+      error ? renderError(error) : null,
       h("section", { class: "card", "aria-labelledby": "input-title" },
         h("h2", { id: "input-title" }, "Input"), h("pre", { class: "json" }, jsonText(pick(run, "input")))),
       h("section", { class: "card", "aria-labelledby": "output-title" },
         h("h2", { id: "output-title" }, "Output"),
         TERMINAL.has(pick(run, "status")) || pick(run, "output") !== undefined
           ? h("pre", { class: "json" }, jsonText(pick(run, "output")))
-          : h("p", { class: "muted" }, "Not finished yet.")),
-      error ? renderError(error) : null);
+          : h("p", { class: "muted" }, "Not finished yet.")));
   }
 
   // ---- actions (hidden for the read-only role) ----
@@ -212,7 +212,7 @@ export function mountRun(main, ctx, runId) {
   const ticker = setInterval(() => {
     if (run && timeline && !TERMINAL.has(pick(run, "status"))) {
       renderChart();
-      facts.lastElementChild.textContent = formatDuration(runDuration(run));
+      facts.lastElementChild.lastElementChild.textContent = formatDuration(runDuration(run));
     }
   }, 1000);
   load();

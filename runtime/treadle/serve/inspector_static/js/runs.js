@@ -51,7 +51,7 @@ export function mountRuns(main, ctx, params) {
     value: filters.workflow, list: "workflow-names", autocomplete: "off" });
   const workflowNames = h("datalist", { id: "workflow-names" });
   const searchInput = h("input", { id: "f-q", name: "q", type: "search", value: filters.q,
-    placeholder: "run id, input…" });
+    placeholder: "run id, workflow, deployment" });
   const form = h("form", { class: "filters", role: "search", "aria-label": "Filter runs" },
     h("div", { class: "field" }, h("label", { for: "f-status" }, "Status"), statusSelect),
     h("div", { class: "field" }, h("label", { for: "f-workflow" }, "Workflow"), workflowInput,
