@@ -98,11 +98,18 @@ def artifacts_dir() -> Path:
 def wait_for(driver: Any, condition: Callable[[Any], Any], what: str, timeout: float = 15.0) -> Any:
     """Waits for ``condition(driver)`` to be truthy; on timeout fails naming ``what``
     and showing the browser's console (the page's own errors)."""
-    from selenium.common.exceptions import TimeoutException
+    from selenium.common.exceptions import (
+        NoAlertPresentException,
+        NoSuchElementException,
+        StaleElementReferenceException,
+        TimeoutException,
+    )
     from selenium.webdriver.support.ui import WebDriverWait
 
+    # The page re-renders what changed: an element found a moment ago may be replaced.
+    ignored = (StaleElementReferenceException, NoSuchElementException, NoAlertPresentException)
     try:
-        return WebDriverWait(driver, timeout, poll_frequency=0.05).until(condition)
+        return WebDriverWait(driver, timeout, 0.05, ignored).until(condition)
     except TimeoutException:
         console = "\n".join(str(entry.get("message")) for entry in driver.get_log("browser"))
         pytest.fail(f"timed out after {timeout} s waiting for {what}\nconsole:\n{console}")

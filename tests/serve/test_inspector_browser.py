@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from treadle import Workflows, sleep
+from treadle import FatalError, Hook, Workflows, sleep
 
 from .browser import artifacts_dir, open_browser, wait_for
 from .conftest import FULL_TOKEN, READ_TOKEN, Served, StartServe
@@ -55,6 +55,19 @@ class Page:
         from selenium.webdriver.common.by import By
 
         return list(await self.call(self.driver.find_elements, By.CSS_SELECTOR, selector))
+
+    async def texts(self, selector: str) -> list[str]:
+        """The shown text of every match, read at once (no element to go stale)."""
+        script = "return [...document.querySelectorAll(arguments[0])].map((e) => e.innerText)"
+        return list(await self.js(script, selector))
+
+    async def wait_text(self, selector: str, needle: str, what: str) -> None:
+        """Waits until some match of ``selector`` shows ``needle``."""
+        script = (
+            "return [...document.querySelectorAll(arguments[0])]"
+            ".some((e) => e.innerText.includes(arguments[1]))"
+        )
+        await self.wait(lambda d: d.execute_script(script, selector, needle), what)
 
     async def shot(self, name: str) -> None:
         path = artifacts_dir() / f"{name}.png"
@@ -127,7 +140,24 @@ def _register(app: Workflows, gates: dict[str, asyncio.Event]) -> dict[str, Any]
         await sleep(f"{minutes}m")
         return "rested"
 
-    return {"hello": hello, "order": order, "nap": nap}
+    @app.workflow
+    async def approval(order_id: str) -> str:
+        answer = await Approval.wait(token=f"approve:{order_id}", timeout="1h")
+        return "approved" if answer is not None and answer.approved else "held"
+
+    @app.step(max_retries=0)
+    async def explode(secret: str) -> str:
+        raise FatalError(f"<img src=x onerror=alert(1)> refused {secret}")
+
+    @app.workflow
+    async def doomed(secret: str) -> str:
+        return await explode(secret)
+
+    return {"hello": hello, "order": order, "nap": nap, "approval": approval, "doomed": doomed}
+
+
+class Approval(Hook):
+    approved: bool
 
 
 @pytest.fixture
@@ -149,17 +179,16 @@ async def test_the_runs_list_shows_a_run_and_opens_its_page(stack: Any) -> None:
     await page.login(FULL_TOKEN)
     row = f'tr[data-run-id="{run.run_id}"]'
     await page.wait(_attr(row, "data-status", "completed"), "the completed run in the list")
-    cells = [c.text for c in await page.css(f"{row} td")]
+    cells = await page.texts(f"{row} td")
     assert cells[0] == "completed" and cells[1] == run.run_id and cells[2] == "hello"
     await page.shot("runs-list")
 
     link = (await page.css(f"{row} a"))[0]
     await page.call(link.click)
     await page.wait(_visible('li.bar[data-name="greet"]'), "the greet step's bar")
-    title = (await page.css("h1.run-title"))[0]
-    assert run.run_id in title.text and "completed" in title.text
-    output = [e.text for e in await page.css(".io pre.json")]
-    assert '"hello, world"' in output
+    (title,) = await page.texts("h1.run-title")
+    assert run.run_id in title and "completed" in title
+    assert '"hello, world"' in await page.texts(".io pre.json")
     assert await page.js("return location.pathname") == f"/runs/{run.run_id}"
     await page.shot("run-completed")
 
@@ -183,7 +212,7 @@ async def test_a_step_appears_live_without_a_reload(stack: Any) -> None:
     gates["o-live"].set()
     await page.wait(_visible('li.bar[data-name="ship"]'), "the ship step appearing live")
     await page.wait(_attr('li.bar[data-name="held"]', "data-status", "completed"), "held done")
-    await page.wait(lambda d: "completed" in d.find_element("css selector", "h1").text, "done")
+    await page.wait_text("h1", "completed", "the run completed on screen")
     assert await page.js("return window.__not_reloaded === true") is True
     assert await run.result(timeout=20) == "shipped o-live"
     await page.shot("run-live-completed")
@@ -206,7 +235,7 @@ async def test_cancel_button_cancels_the_run_in_the_world(stack: Any) -> None:
     assert run.run_id in alert.text
     await page.call(alert.accept)
 
-    await page.wait(lambda d: "cancelled" in d.find_element("css selector", "h1").text, "cancelled")
+    await page.wait_text("h1", "cancelled", "the run cancelled on screen")
     assert (await served.world.runs.get(run.run_id)).status == "cancelled"
     cancel = (await page.css("button.danger"))[0]
     assert not cancel.is_enabled()
@@ -220,12 +249,12 @@ async def test_a_read_only_token_sees_no_actions(stack: Any) -> None:
 
     await page.login(READ_TOKEN)
     await page.wait(_visible(f'tr[data-run-id="{run.run_id}"]'), "the run in the list")
-    assert (await page.css("#role"))[0].text == "read-only"
+    assert await page.texts("#role") == ["read-only"]
     await page.open(f"/runs/{run.run_id}")
     await page.wait(_visible(".read-only-note"), "the read-only note")
     await page.wait(_visible("li.bar.kind-wait"), "the run's timeline")
     assert not await page.css("section.actions")
-    buttons = {b.text for b in await page.css("main button")}
+    buttons = set(await page.texts("main button"))
     assert not buttons & {"Cancel run", "Wake", "Re-run", "Resume hook"}
     await page.shot("run-read-only")
 
@@ -240,3 +269,53 @@ async def test_a_bad_token_shows_the_login_error(stack: Any) -> None:
     assert not await page.css("table.runs")
     assert await page.js("return sessionStorage.getItem('treadle.token')") is None
     await page.shot("login-refused")
+
+
+async def test_resume_a_hook_from_the_page(stack: Any) -> None:
+    """Issue 13 item 1 (resume action): the run waits on a hook; the page lists it, the
+    form is open with its token, a JSON payload resumes it and the run completes."""
+    served, page, flows, _ = stack
+    run = await served.app.start(flows["approval"], "o-7")
+
+    await page.login(FULL_TOKEN)
+    await page.wait(_visible("table.runs"), "the runs list")
+    await page.open(f"/runs/{run.run_id}")
+    token = await page.wait(_visible("#hook-token"), "the open resume form")
+    await page.wait(lambda d: token.get_attribute("value") == "approve:o-7", "the token filled")
+    await page.wait_text("section.waiting", "approve:o-7", "the hook waited on")
+    payload = (await page.css("#hook-payload"))[0]
+    await page.call(payload.clear)
+    await page.call(payload.send_keys, "{not json")
+    await page.call((await page.css("form.resume button"))[0].click)
+    status = await page.wait(_visible(".action-status.error"), "the JSON error")
+    assert "not valid JSON" in status.text
+    await page.call(payload.clear)
+    await page.call(payload.send_keys, '{"approved": true}')
+    await page.call((await page.css("form.resume button"))[0].click)
+    await page.wait_text("h1", "completed", "the run completed on screen")
+    assert await run.result(timeout=20) == "approved"
+    await page.wait_text(".io pre.json", '"approved"', "the output")
+    await page.shot("run-resumed")
+
+
+async def test_a_failed_run_shows_its_error_as_text_and_folds_the_stack(stack: Any) -> None:
+    """Issue 13 bad input: the inspector never shows a stack trace by default (it sits in
+    a closed "details"), and an error carrying markup is shown as text, not run."""
+    served, page, flows, _ = stack
+    run = await served.app.start(flows["doomed"], "s3cr3t")
+    with pytest.raises(Exception, match="refused"):
+        await run.result(timeout=20)
+
+    await page.login(FULL_TOKEN)
+    await page.wait(_visible("table.runs"), "the runs list")
+    await page.open(f"/runs/{run.run_id}")
+    await page.wait(_visible("section.error-card"), "the error card")
+    (card,) = await page.texts("section.error-card")
+    assert "<img src=x onerror=alert(1)> refused s3cr3t" in card
+    assert not await page.css("section.error-card img")
+    stack_box = await page.css("section.error-card details.stack")
+    if stack_box:  # the World kept a stack: folded, not shown
+        assert stack_box[0].get_attribute("open") is None
+        assert not (await page.css("section.error-card details.stack pre"))[0].is_displayed()
+    await page.wait(_attr('li.bar[data-name="explode"]', "data-status", "failed"), "the bar")
+    await page.shot("run-failed")

@@ -51,7 +51,9 @@ export function countsOf(timeline) {
  */
 export function renderGantt(timeline, { runStart = null, runEnd = null, now = new Date() } = {}) {
   const bars = barsOf(timeline);
-  const rows = bars.map((bar) => ({ bar, spans: spansOf(bar, now) }));
+  // Once the run has ended, whatever was still open ended with it.
+  const until = runEnd || now;
+  const rows = bars.map((bar) => ({ bar, spans: spansOf(bar, until) }));
   const times = rows.flatMap((r) => r.spans.flatMap((s) => [s.start.getTime(), s.end.getTime()]));
   if (runStart) times.push(runStart.getTime());
   if (runEnd) times.push(runEnd.getTime());

@@ -26,6 +26,8 @@ export function mountRun(main, ctx, runId) {
   let hookToken;
   let hookTokens;
   let actionStatus;
+  let resumeBox;
+  let hookSeen = false;
   let eventsList;
 
   const title = h("h1", { class: "run-title" }, h("span", { class: "mono" }, runId));
@@ -111,6 +113,9 @@ export function mountRun(main, ctx, runId) {
       const tokens = items.map((i) => i && typeof i === "object" && pick(i, "token")).filter(Boolean);
       replace(hookTokens, tokens.map((t) => h("option", { value: t })));
       if (tokens.length && !hookToken.value) hookToken.value = tokens[0];
+      // The first time a hook is waited on, show the form (never fold it under the user).
+      if (tokens.length && !hookSeen) resumeBox.open = true;
+      hookSeen = hookSeen || tokens.length > 0;
     }
   }
 
@@ -143,6 +148,8 @@ export function mountRun(main, ctx, runId) {
       h("div", { class: "field" }, h("label", { for: "hook-token" }, "Hook token"), hookToken, hookTokens),
       h("div", { class: "field grow" }, h("label", { for: "hook-payload" }, "Payload (JSON)"), payload),
       resumeButton);
+    // Folded away unless the run waits on a hook (renderWaiting opens it then).
+    resumeBox = h("details", { class: "resume-box" }, h("summary", {}, "Resume a hook"), form);
     form.addEventListener("submit", (event) => {
       event.preventDefault();
       let body;
@@ -161,7 +168,7 @@ export function mountRun(main, ctx, runId) {
     return h("section", { class: "card actions", "aria-labelledby": "actions-title" },
       h("h2", { id: "actions-title" }, "Actions"),
       h("div", { class: "buttons" }, cancelButton, wakeButton, rerunButton),
-      form, actionStatus);
+      resumeBox, actionStatus);
   }
 
   function updateActions(status) {
