@@ -71,6 +71,7 @@ export function timeNode(value) {
 export function formatDuration(ms) {
   if (ms === null || ms === undefined || !Number.isFinite(ms)) return "";
   if (ms < 0) ms = 0;
+  if (ms < 10) return `${ms.toFixed(1).replace(/\.0$/, "")} ms`;
   if (ms < 1000) return `${Math.round(ms)} ms`;
   const s = ms / 1000;
   if (s < 60) return `${s < 10 ? s.toFixed(1) : Math.round(s)} s`;
@@ -95,6 +96,9 @@ export function jsonText(value, limit = 20000) {
   let text;
   try {
     text = value === undefined ? "null" : JSON.stringify(value, null, 2);
+    // Arrays of plain values on one line: ["tea", "pot"] rather than a line each.
+    text = text.replace(/\[\s*\n([^[\]{}]*?)\n\s*\]/g,
+      (all, inner) => (inner.length > 120 ? all : `[${inner.trim().split(/,\s*\n\s*/).join(", ")}]`));
   } catch {
     text = String(value);
   }

@@ -74,8 +74,15 @@ export function renderGantt(timeline, { runStart = null, runEnd = null, now = ne
 
   const list = h("ol", { class: "gantt", "aria-label": "Timeline: steps and waits" },
     rows.map(({ bar, spans }) => renderRow(bar, spans, pct, now)));
+  // The colours' key (each row also says its status in words, for screen readers).
+  const legend = h("p", { class: "legend muted", "aria-hidden": "true" },
+    [["completed", "completed"], ["running", "running"], ["retrying", "retried"],
+      ["failed", "failed"], ["superseded", "superseded"]].map(([outcome, text]) =>
+      h("span", {}, h("span", { class: `swatch seg outcome-${outcome}` }), text)),
+    h("span", { class: "kind-wait" }, h("span", { class: "swatch seg" }), "sleep"),
+    h("span", { class: "kind-hook" }, h("span", { class: "swatch seg" }), "hook"));
   return h("div", { class: "gantt-wrap" }, h("div", { class: "gantt-head" },
-    h("span", { class: "label-col" }, "Step / wait"), axis), list);
+    h("span", { class: "label-col" }, "Step / wait"), axis), list, legend);
 }
 
 /** "18:53:41" today, "12-03 18:53:41" on another day. */
