@@ -192,6 +192,18 @@ async def test_the_runs_list_shows_a_run_and_opens_its_page(stack: Any) -> None:
     assert await page.js("return location.pathname") == f"/runs/{run.run_id}"
     await page.shot("run-completed")
 
+    # Its raw events, read when the "Events" box is opened.
+    await page.call((await page.css("details.events-box summary"))[0].click)
+    await page.wait_text("ol.events", "run_completed", "the run's events")
+    assert "run_created" in (await page.texts("ol.events"))[0]
+
+    # Re-run: a new run with the same input, linked from the page.
+    await page.call((await page.css("section.actions .buttons button"))[2].click)
+    link = await page.wait(_visible(".action-status a"), "the re-run's link")
+    rerun_id = link.text
+    assert rerun_id != run.run_id
+    assert await served.app.get_run(rerun_id).result(timeout=20) == "hello, world"
+
 
 async def test_a_step_appears_live_without_a_reload(stack: Any) -> None:
     """Issue 13 item 2 (live updates over SSE): a run held in a step moves on screen
@@ -319,3 +331,67 @@ async def test_a_failed_run_shows_its_error_as_text_and_folds_the_stack(stack: A
         assert not (await page.css("section.error-card details.stack pre"))[0].is_displayed()
     await page.wait(_attr('li.bar[data-name="explode"]', "data-status", "failed"), "the bar")
     await page.shot("run-failed")
+
+
+async def test_the_runs_list_filters_searches_pages_and_updates_live(stack: Any) -> None:
+    """Issue 13 item 1 (runs list): the status filter, the workflow filter, the search
+    box and cursor paging each narrow what is listed; a run started meanwhile appears
+    without a reload."""
+    served, page, flows, _ = stack
+    done = [await served.app.start(flows["hello"], name) for name in ("a", "b", "c")]
+    for run in done:
+        await run.result(timeout=20)
+    napping = await served.app.start(flows["nap"], 60)
+    every = {r.run_id for r in [*done, napping]}
+
+    async def listed() -> set[str]:
+        return set(await page.js(
+            "return [...document.querySelectorAll('table.runs tbody tr')]"
+            ".map((tr) => tr.dataset.runId)"
+        ))  # fmt: skip
+
+    await page.login(FULL_TOKEN)
+    await page.open("/?limit=3")
+    await page.wait(lambda d: len(d.find_elements("css selector", "tbody tr")) == 3, "page 1")
+    first = await listed()
+    next_button = await page.wait(_visible(".pager button:last-child"), "the next button")
+    await page.call(next_button.click)
+    await page.wait_text(".page-info", "Page 2", "page 2")
+    await page.wait(lambda d: len(d.find_elements("css selector", "tbody tr")) == 1, "page 2")
+    second = await listed()
+    assert first | second == every and not first & second
+    await page.call((await page.css(".pager button"))[0].click)
+    await page.wait_text(".page-info", "Page 1", "back on page 1")
+    assert await listed() == first
+
+    await page.open("/")
+    await page.wait(lambda d: len(d.find_elements("css selector", "tbody tr")) == 4, "all four")
+    await page.js(
+        "const s = document.getElementById('f-status'); s.value = 'running';"
+        "s.dispatchEvent(new Event('change'));"
+    )
+    await page.wait(lambda d: len(d.find_elements("css selector", "tbody tr")) == 1, "running")
+    assert await listed() == {napping.run_id}
+    assert "status=running" in await page.js("return location.search")
+
+    await page.js("document.getElementById('f-status').value = ''")
+    workflow = (await page.css("#f-workflow"))[0]
+    await page.call(workflow.send_keys, "hello")
+    await page.call((await page.css("form.filters button"))[0].click)
+    await page.wait(lambda d: len(d.find_elements("css selector", "tbody tr")) == 3, "hello")
+    assert await listed() == {r.run_id for r in done}
+
+    search = (await page.css("#f-q"))[0]
+    await page.call(search.send_keys, done[1].run_id)
+    await page.call((await page.css("form.filters button"))[0].click)
+    await page.wait(lambda d: len(d.find_elements("css selector", "tbody tr")) == 1, "the one")
+    assert await listed() == {done[1].run_id}
+    await page.shot("runs-searched")
+
+    # Clear the filters; a run started now shows up on its own (the list's stream).
+    await page.open("/")
+    await page.wait(lambda d: len(d.find_elements("css selector", "tbody tr")) == 4, "all four")
+    await page.js("window.__not_reloaded = true;")
+    late = await served.app.start(flows["hello"], "late")
+    await page.wait(_visible(f'tr[data-run-id="{late.run_id}"]'), "the new run, live")
+    assert await page.js("return window.__not_reloaded === true") is True

@@ -38,6 +38,9 @@ export function mountRuns(main, ctx, params) {
     workflow: params.get("workflow") || "",
     q: params.get("q") || "",
   };
+  // ?limit=N in the page's URL sets the page size (kept in the URL with the filters).
+  const limit = Math.min(Math.max(parseInt(params.get("limit"), 10) || PAGE_SIZE, 1), 500);
+  if (params.get("limit")) filters.limit = String(limit);
   const cursors = [""]; // cursors[i] is page i's cursor; the last entry is the shown page
   let nextCursor = null;
   let closed = false;
@@ -67,7 +70,8 @@ export function mountRuns(main, ctx, params) {
     body);
   const prev = h("button", { type: "button", disabled: true }, "← Previous");
   const next = h("button", { type: "button", disabled: true }, "Next →");
-  const pager = h("nav", { class: "pager", "aria-label": "Pages" }, prev, next);
+  const pageInfo = h("span", { class: "muted page-info" });
+  const pager = h("nav", { class: "pager", "aria-label": "Pages" }, pageInfo, prev, next);
 
   replace(main, h("h1", {}, "Runs"), form, message, h("div", { class: "table-wrap" }, table), pager);
 
@@ -97,7 +101,7 @@ export function mountRuns(main, ctx, params) {
     const cursor = cursors[cursors.length - 1];
     let page;
     try {
-      page = await get(`/api/runs${query({ ...filters, limit: PAGE_SIZE, cursor })}`);
+      page = await get(`/api/runs${query({ ...filters, limit, cursor })}`);
     } catch (err) {
       if (closed) return;
       if (err instanceof ApiError && err.status === 401) return ctx.authFailed(err);
@@ -112,6 +116,7 @@ export function mountRuns(main, ctx, params) {
     next.disabled = !nextCursor;
     message.className = "muted";
     const filtered = filters.status || filters.workflow || filters.q;
+    pageInfo.textContent = cursors.length > 1 || nextCursor ? `Page ${cursors.length}` : "";
     message.textContent = runs.length ? "" : filtered ? "No runs match these filters." : "No runs yet.";
     replace(body, runs.map(renderRow));
     const names = new Set([...workflowNames.options].map((o) => o.value));
