@@ -104,7 +104,9 @@ def create_app(ctx: ServeContext) -> Starlette:
             )
         )
     middleware.append(Middleware(BodyLimitMiddleware, limit=ctx.serve.TREADLE_SERVE_MAX_BODY_BYTES))
-    authenticator = Authenticator(ctx.serve, insecure=ctx.insecure_no_auth)
+    # Insecure only where nothing is configured: a token set means the token is asked.
+    insecure = ctx.insecure_no_auth and not ctx.serve.auth_configured
+    authenticator = Authenticator(ctx.serve, insecure=insecure)
     middleware.append(Middleware(AuthMiddleware, authenticator=authenticator))
     return Starlette(
         routes=routes,
@@ -197,8 +199,17 @@ class Server:
         bound = self._server.servers[0].sockets[0].getsockname()
         self.port = int(bound[1])
 
-    async def stop(self) -> None:
+    def request_stop(self) -> None:
+        """Begin a graceful stop (safe from a signal handler); ``wait`` returns after it."""
         self._server.should_exit = True
+
+    async def wait(self) -> None:
+        """Until the server has stopped (``request_stop``, or uvicorn's own signals)."""
+        if self._task is not None:
+            await asyncio.shield(self._task)
+
+    async def stop(self) -> None:
+        self.request_stop()
         if self._task is not None:
             await self._task
             self._task = None
