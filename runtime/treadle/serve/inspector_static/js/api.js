@@ -74,7 +74,7 @@ export function query(params) {
 
 /**
  * Opens a server-sent event stream and calls onEvent(data) for each message
- * (data is the parsed {"run_id", "slot"}); onState("live"|"reconnecting") follows
+ * (data is the parsed {"run_id", "slot"}, null on a resync); onState follows
  * the connection. Returns a function that closes it.
  */
 export function stream(path, onEvent, onState = () => {}) {
@@ -83,6 +83,8 @@ export function stream(path, onEvent, onState = () => {}) {
   const source = new EventSource(url);
   source.onopen = () => onState("live");
   source.onerror = () => onState(source.readyState === EventSource.CLOSED ? "closed" : "reconnecting");
+  // The list stream's "resync": the World cannot say what changed; re-read it all.
+  source.addEventListener("resync", () => onEvent(null));
   source.onmessage = (message) => {
     let data = null;
     try {

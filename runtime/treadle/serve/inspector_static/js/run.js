@@ -206,7 +206,9 @@ export function mountRun(main, ctx, runId) {
   }
 
   // ---- live updates ----
-  const reload = () => {
+  const reload = (data) => {
+    // A report of slots this page has already read changes nothing.
+    if (data && run && typeof data.slot === "number" && data.slot <= (run.event_count || 0)) return;
     if (pending) return;
     pending = setTimeout(() => {
       pending = null;
