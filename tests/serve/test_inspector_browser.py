@@ -395,3 +395,24 @@ async def test_the_runs_list_filters_searches_pages_and_updates_live(stack: Any)
     late = await served.app.start(flows["hello"], "late")
     await page.wait(_visible(f'tr[data-run-id="{late.run_id}"]'), "the new run, live")
     assert await page.js("return window.__not_reloaded === true") is True
+
+
+async def test_wake_ends_a_sleep_and_the_run_goes_on(stack: Any) -> None:
+    """Issue 13 item 1 (wake action): a run asleep for an hour is woken from the page;
+    its sleep ends at once and the run completes."""
+    served, page, flows, _ = stack
+    run = await served.app.start(flows["nap"], 60)
+
+    await page.login(FULL_TOKEN)
+    await page.wait(_visible("table.runs"), "the runs list")
+    await page.open(f"/runs/{run.run_id}")
+    await page.wait(_attr("li.bar.kind-wait", "data-status", "waiting"), "the sleep")
+    await page.call((await page.css("section.actions .buttons button"))[1].click)
+    await page.wait_text(".action-status", "Wake sent", "the wake sent")
+    await page.wait_text("h1", "completed", "the run completed on screen")
+    assert await run.result(timeout=20) == "rested"
+    assert (
+        await page.texts("li.bar.kind-wait")
+        and (await page.js("return document.querySelector('li.bar.kind-wait').dataset.status"))
+        == "completed"
+    )

@@ -33,7 +33,7 @@ SESSION_PATH = "/inspector/session"
 # and the icon come from this server; the API and the SSE streams too.
 SECURITY_HEADERS: dict[str, str] = {
     "Content-Security-Policy": (
-        "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+        "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
         "connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'"
     ),
     "X-Content-Type-Options": "nosniff",

@@ -74,6 +74,7 @@ export function mountRuns(main, ctx, params) {
   const pager = h("nav", { class: "pager", "aria-label": "Pages" }, pageInfo, prev, next);
 
   replace(main, h("h1", {}, "Runs"), form, message, h("div", { class: "table-wrap" }, table), pager);
+  document.title = "Runs · treadle inspector";
 
   const applyFilters = () => {
     filters.status = statusSelect.value;
