@@ -416,3 +416,28 @@ async def test_wake_ends_a_sleep_and_the_run_goes_on(stack: Any) -> None:
         and (await page.js("return document.querySelector('li.bar.kind-wait').dataset.status"))
         == "completed"
     )
+
+
+async def test_a_narrow_window_reads_without_sideways_scrolling(stack: Any) -> None:
+    """Issue 13 item 1 (readable in a narrow window): at phone width the runs list
+    and a run's page fit the window (no horizontal scroll), the Gantt included."""
+    served, page, flows, gates = stack
+    gates["o-narrow"] = asyncio.Event()
+    gates["o-narrow"].set()
+    run = await served.app.start(flows["order"], "o-narrow")
+    assert await run.result(timeout=20) == "shipped o-narrow"
+
+    size = await page.call(page.driver.get_window_size)
+    await page.call(page.driver.set_window_size, 390, 844)
+    try:
+        overflow = "return document.documentElement.scrollWidth - window.innerWidth"
+        await page.login(FULL_TOKEN)
+        await page.wait(_visible(f'tr[data-run-id="{run.run_id}"]'), "the run in the list")
+        assert await page.js(overflow) <= 0
+        await page.shot("narrow-runs-list")
+        await page.open(f"/runs/{run.run_id}")
+        await page.wait(_visible('li.bar[data-name="ship"]'), "the Gantt")
+        assert await page.js(overflow) <= 0
+        await page.shot("narrow-run")
+    finally:
+        await page.call(page.driver.set_window_size, size["width"], size["height"])
