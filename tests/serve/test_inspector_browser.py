@@ -270,6 +270,11 @@ async def test_a_read_only_token_sees_no_actions(stack: Any) -> None:
     assert not buttons & {"Cancel run", "Wake", "Re-run", "Resume hook"}
     await page.shot("run-read-only")
 
+    # An unknown run is said in one line, with nothing else of a run's page.
+    await page.open("/runs/wrun_no_such_run")
+    await page.wait_text("main .error", "No run wrun_no_such_run.", "the unknown run's line")
+    assert not await page.js("return !document.querySelector('.run-body').hidden")
+
 
 async def test_a_bad_token_shows_the_login_error(stack: Any) -> None:
     """Issue 13 item 1 (auth): a wrong token is refused on the form, which says so and
