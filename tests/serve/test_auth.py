@@ -142,3 +142,10 @@ def test_bad_serve_settings_name_the_setting_never_the_token() -> None:
     assert same not in str(e.value)
     with pytest.raises(errors.SettingsError, match="TREADLE_SERVE_TRUSTED_HEADER"):
         serve_settings.load({"TREADLE_SERVE_TRUSTED_HEADER": "Authorization"})
+
+
+async def test_insecure_mode_never_overrides_a_configured_token(start_serve: StartServe) -> None:
+    """insecure with a token configured: the token is still asked (401 without it)."""
+    served = await start_serve(insecure=True)
+    assert (await served.anonymous.get("/api/runs")).status_code == 401
+    assert (await served.client.get("/api/runs")).status_code == 200

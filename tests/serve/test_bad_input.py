@@ -135,3 +135,38 @@ async def test_no_credentials_and_a_wrong_method_are_json_errors(served: Served)
     wrong_method = await served.client.get(f"/api/runs/{MISSING}/cancel")
     assert wrong_method.status_code == 405
     assert wrong_method.json()["error"]["code"] == "method_not_allowed"
+
+
+class _BrokenRuns:
+    """A World's runs whose list fails as a bug would (not a treadle error)."""
+
+    def __init__(self, inner: object) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._inner, name)
+
+    async def list(self, **_: object) -> object:
+        raise RuntimeError("a bug with a secret-looking detail")
+
+
+class _World:
+    def __init__(self, inner: object) -> None:
+        self._inner = inner
+        self.runs = _BrokenRuns(inner.runs)  # type: ignore[attr-defined]
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._inner, name)
+
+
+async def test_an_unexpected_error_is_a_json_500_without_its_traceback(served: Served) -> None:
+    """A failure that is no refusal: 500 internal naming only its type; no traceback, no
+    exception text in the answer (the server logs it)."""
+    served.ctx.world = _World(served.world)  # type: ignore[assignment]
+    response = await served.client.get("/api/runs")
+    assert response.status_code == 500
+    error = response.json()["error"]
+    assert error["code"] == "internal"
+    assert "RuntimeError" in error["message"]
+    assert "secret-looking" not in response.text
+    _no_traceback(response.text)

@@ -31,9 +31,11 @@ async def _until_connected(lines: AsyncIterator[str]) -> None:
     raise AssertionError("the stream ended before it said connected")
 
 
-async def test_run_stream_delivers_a_new_event_of_a_running_run(served: Served) -> None:
+async def test_run_stream_delivers_a_new_event_of_a_running_run(served_any: Served) -> None:
     """A run waits on a hook; a client streams it from its current slot; resuming the hook
-    writes hook_received, and the stream reports the run at that slot or later."""
+    writes hook_received, and the stream reports the run at that slot or later (local
+    World and Postgres + NATS)."""
+    served = served_any
     flows = define(served.app)
     run = await served.app.start(flows.approve, "tok-stream-1")
     created = await wait_for_event(served.world, run.run_id, "hook_created")
@@ -61,8 +63,10 @@ async def test_run_stream_delivers_a_new_event_of_a_running_run(served: Served) 
     assert data["slot"] >= received.slot > now
 
 
-async def test_list_stream_reports_a_new_run(served: Served) -> None:
-    """/api/stream (changes.watch) reports a run started after the client connected."""
+async def test_list_stream_reports_a_new_run(served_any: Served) -> None:
+    """/api/stream (changes.watch) reports a run started after the client connected (local
+    World and Postgres + NATS)."""
+    served = served_any
     flows = define(served.app)
     async with served.client.stream("GET", "/api/stream") as stream:
         lines = stream.aiter_lines()

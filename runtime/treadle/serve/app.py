@@ -33,7 +33,7 @@ from starlette.routing import BaseRoute, Route
 
 from treadle import errors
 from treadle.serve import api, http, inspector, webhooks
-from treadle.serve.auth import Authenticator, AuthMiddleware
+from treadle.serve.auth import Authenticator, AuthMiddleware, RedactingFilter, redact_path
 from treadle.serve.bodylimit import BodyLimitMiddleware
 from treadle.serve.context import ServeContext
 
@@ -72,8 +72,8 @@ def _http_error(request: Request, exc: Exception) -> Response:
 
 def _unexpected(request: Request, exc: Exception) -> Response:
     log.error(
-        "unexpected %s on %s %s", type(exc).__name__, request.method, request.url.path,
-        exc_info=exc,
+        "unexpected %s on %s %s", type(exc).__name__, request.method,
+        redact_path(request.url.path), exc_info=exc,
     )  # fmt: skip
     return http.json_error(
         500, "internal", f"unexpected {type(exc).__name__}; the server logged it"
@@ -170,6 +170,10 @@ class Server:
             server_header=False,
             timeout_graceful_shutdown=int(GRACE_SECONDS),
         )
+        if access_log:
+            access = logging.getLogger("uvicorn.access")
+            if not any(isinstance(f, RedactingFilter) for f in access.filters):
+                access.addFilter(RedactingFilter())
         self._server = _Uvicorn(config, ctx, signals=signals)
         self._task: asyncio.Task[None] | None = None
         self.host = host

@@ -62,6 +62,28 @@ class Principal:
         return self.role == "full"
 
 
+_TOKEN_IN_PATH = re.compile(r"^(/api/hooks/|/hooks/)[^?]*?(?=/resume(?:$|\?)|$|\?)")
+_TOKEN_IN_QUERY = re.compile(r"(access_token=)[^&\s]*")
+
+
+def redact_path(path: str) -> str:
+    """A request path (and query) as a log line may show it: hook tokens (which resume a
+    hook) and ``access_token`` values replaced by ``<redacted>``."""
+    path = _TOKEN_IN_PATH.sub(lambda m: m.group(1) + "<redacted>", path)
+    return _TOKEN_IN_QUERY.sub(r"\1<redacted>", path)
+
+
+class RedactingFilter(logging.Filter):
+    """For uvicorn's access log (``treadle serve --access-log``): paths through
+    ``redact_path``, so tokens in URLs never reach a log line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if isinstance(args, tuple):
+            record.args = tuple(redact_path(a) if isinstance(a, str) else a for a in args)
+        return True
+
+
 def is_public(path: str, settings: ServeSettings) -> bool:
     if path in PUBLIC_PATHS or path.startswith(PUBLIC_PREFIXES):
         return True
@@ -165,7 +187,7 @@ class AuthMiddleware:
         try:
             who = self.auth.authenticate(scope)
         except Refused as exc:
-            log.info("refused %s %s: %s", method, scope["path"], exc.code)
+            log.info("refused %s %s: %s", method, redact_path(scope["path"]), exc.code)
             headers = CHALLENGE if exc.status == 401 else None
             await http.send_error(send, exc.status, exc.code, exc.message, headers)
             return
