@@ -371,6 +371,10 @@ async def test_the_runs_list_filters_searches_pages_and_updates_live(stack: Any)
 
     await page.open("/")
     await page.wait(lambda d: len(d.find_elements("css selector", "tbody tr")) == 4, "all four")
+    # The revision filter offers the World's deployments (from /api/deployments).
+    deployment = served.app.settings.TREADLE_DEPLOYMENT_ID
+    choices = await page.texts("#f-deployment option")
+    assert choices[0] == "any" and any(c.startswith(deployment) for c in choices[1:]), choices
     await page.js(
         "const s = document.getElementById('f-status'); s.value = 'running';"
         "s.dispatchEvent(new Event('change'));"

@@ -8,7 +8,7 @@ import { ApiError, get, stream } from "./api.js";
 import { formatDuration, h, jsonText, pick, replace, statusBadge, timeNode, toDate } from "./dom.js";
 import { mountEvents } from "./events.js";
 import { countsOf, renderGantt } from "./gantt.js";
-import { revisionOf, runDuration } from "./runs.js";
+import { loadDeployments, revisionOf, runDuration } from "./runs.js";
 
 const TERMINAL = new Set(["completed", "failed", "cancelled"]);
 
@@ -60,7 +60,8 @@ export function mountRun(main, ctx, runId) {
     body.hidden = false;
     run = detail;
     timeline = bars;
-    render();
+    await loadDeployments();
+    if (!closed) render();
   }
 
   function render() {

@@ -24,11 +24,25 @@ export function runLink(runId, text = runId) {
   return h("a", { href: `/runs/${encodeURIComponent(runId)}`, "data-nav": "", class: "mono" }, text);
 }
 
-/** The deployment / revision a run is pinned to, as one short string. */
+// deployment_id -> its record from GET /api/deployments (name, latest, retired).
+const deployments = new Map();
+let deploymentsRead = null;
+
+/** Reads the deployments once per page load (a failure leaves the ids shown bare). */
+export function loadDeployments() {
+  deploymentsRead = deploymentsRead || get("/api/deployments").then((answer) => {
+    for (const d of (answer && answer.deployments) || []) deployments.set(d.deployment_id, d);
+  }).catch(() => {
+    deploymentsRead = null;
+  });
+  return deploymentsRead || Promise.resolve();
+}
+
+/** The revision a run is pinned to: "orders · orders-7f3a9c", or the bare id. */
 export function revisionOf(run) {
-  const deployment = pick(run, "deployment", "deployment_id") || "";
-  const revision = pick(run, "revision");
-  return revision && revision !== deployment ? `${deployment} (${revision})` : String(deployment);
+  const id = String(pick(run, "deployment_id", "deployment") || "");
+  const known = deployments.get(id);
+  return known && known.name && known.name !== id ? `${known.name} · ${id}` : id;
 }
 
 /** Mounts the list into main; returns the cleanup (closes the stream). */
@@ -37,6 +51,7 @@ export function mountRuns(main, ctx, params) {
     status: params.get("status") || "",
     workflow: params.get("workflow") || "",
     q: params.get("q") || "",
+    deployment: params.get("deployment") || "",
   };
   // ?limit=N in the page's URL sets the page size (kept in the URL with the filters).
   const limit = Math.min(Math.max(parseInt(params.get("limit"), 10) || PAGE_SIZE, 1), 500);
@@ -53,12 +68,15 @@ export function mountRuns(main, ctx, params) {
   const workflowInput = h("input", { id: "f-workflow", name: "workflow", type: "text",
     value: filters.workflow, list: "workflow-names", autocomplete: "off" });
   const workflowNames = h("datalist", { id: "workflow-names" });
+  const deploymentSelect = h("select", { id: "f-deployment", name: "deployment" },
+    h("option", { value: "" }, "any"));
   const searchInput = h("input", { id: "f-q", name: "q", type: "search", value: filters.q,
     placeholder: "run id, workflow, deployment" });
   const form = h("form", { class: "filters", role: "search", "aria-label": "Filter runs" },
     h("div", { class: "field" }, h("label", { for: "f-status" }, "Status"), statusSelect),
     h("div", { class: "field" }, h("label", { for: "f-workflow" }, "Workflow"), workflowInput,
       workflowNames),
+    h("div", { class: "field" }, h("label", { for: "f-deployment" }, "Revision"), deploymentSelect),
     h("div", { class: "field grow" }, h("label", { for: "f-q" }, "Search"), searchInput),
     h("button", { type: "submit" }, "Apply"));
   const message = h("p", { class: "muted", role: "status", "aria-live": "polite" });
@@ -80,6 +98,7 @@ export function mountRuns(main, ctx, params) {
     filters.status = statusSelect.value;
     filters.workflow = workflowInput.value.trim();
     filters.q = searchInput.value.trim();
+    filters.deployment = deploymentSelect.value;
     cursors.length = 1;
     history.replaceState(null, "", `/${query(filters)}`);
     load();
@@ -89,6 +108,7 @@ export function mountRuns(main, ctx, params) {
     applyFilters();
   });
   statusSelect.addEventListener("change", applyFilters);
+  deploymentSelect.addEventListener("change", applyFilters);
   prev.addEventListener("click", () => {
     if (cursors.length > 1) cursors.pop();
     load();
@@ -116,7 +136,7 @@ export function mountRuns(main, ctx, params) {
     prev.disabled = cursors.length <= 1;
     next.disabled = !nextCursor;
     message.className = "muted";
-    const filtered = filters.status || filters.workflow || filters.q;
+    const filtered = filters.status || filters.workflow || filters.q || filters.deployment;
     pageInfo.textContent = cursors.length > 1 || nextCursor ? `Page ${cursors.length}` : "";
     message.textContent = runs.length ? "" : filtered ? "No runs match these filters." : "No runs yet.";
     replace(body, runs.map(renderRow));
@@ -146,7 +166,18 @@ export function mountRuns(main, ctx, params) {
     }, 300);
   };
   const closeStream = stream("/api/stream", reload, ctx.setLive);
-  load();
+  // The revision filter's choices (newest first, as the API lists them), then the page.
+  loadDeployments().then(() => {
+    if (closed) return;
+    for (const d of deployments.values()) {
+      const notes = [d.latest ? "latest" : "", d.retired ? "retired" : ""].filter(Boolean);
+      const label = `${d.name && d.name !== d.deployment_id ? `${d.name} · ` : ""}${d.deployment_id}` +
+        (notes.length ? ` (${notes.join(", ")})` : "");
+      deploymentSelect.append(h("option", { value: d.deployment_id }, label));
+    }
+    deploymentSelect.value = filters.deployment;
+    load();
+  });
   return () => {
     closed = true;
     clearTimeout(pending);
