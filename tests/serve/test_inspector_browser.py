@@ -11,7 +11,7 @@ Screenshots are kept under the printed artifacts directory (never committed).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import pytest
@@ -163,11 +163,25 @@ class Approval(Hook):
 @pytest.fixture
 async def stack(
     start_serve: StartServe, browser: Any
-) -> tuple[Served, Page, dict[str, Any], dict[str, asyncio.Event]]:
+) -> AsyncIterator[tuple[Served, Page, dict[str, Any], dict[str, asyncio.Event]]]:
+    """A server on a fresh World, the module's browser on it, the tests' workflows.
+
+    Afterwards the browser's console must hold no script error and no refusal by
+    the Content-Security-Policy (failed requests, a 401 before login say, are fine).
+    """
     served = await start_serve()
     gates: dict[str, asyncio.Event] = {}
     flows = _register(served.app, gates)
-    return served, Page(browser, served), flows, gates
+    page = Page(browser, served)
+    await page.call(browser.get_log, "browser")  # what earlier tests left
+    yield served, page, flows, gates
+    entries = await page.call(browser.get_log, "browser")
+    bad = [
+        str(e.get("message"))
+        for e in entries
+        if e.get("level") == "SEVERE" and "Failed to load resource" not in str(e.get("message"))
+    ]
+    assert not bad, f"the page logged errors: {bad}"
 
 
 async def test_the_runs_list_shows_a_run_and_opens_its_page(stack: Any) -> None:

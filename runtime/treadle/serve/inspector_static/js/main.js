@@ -3,7 +3,7 @@
 // reload (history.pushState). Views live in runs.js and run.js; login.js asks for
 // the token when the API answers 401.
 
-import { ApiError, setToken, whoami } from "./api.js";
+import { ApiError, getToken, setToken, whoami } from "./api.js";
 import { h, replace } from "./dom.js";
 import { mountLogin } from "./login.js";
 import { mountRun } from "./run.js";
@@ -50,8 +50,11 @@ function authFailed(err) {
   cleanup();
   cleanup = () => {};
   session = null;
+  // Say "refused" only when a token was sent; with none, the form is the first step.
+  const hadToken = Boolean(getToken());
+  setToken("");
   showSession();
-  mountLogin(main, { error: err, onToken: login });
+  mountLogin(main, { error: hadToken ? err : null, onToken: login });
 }
 
 /** Tries a token (or none): on success shows the route, else the login form. */
@@ -80,7 +83,7 @@ function showSession() {
   const readOnly = session && session.role === "read_only";
   roleNode.textContent = readOnly ? "read-only" : "";
   roleNode.hidden = !readOnly;
-  logoutButton.hidden = !session || !sessionStorage.getItem("treadle.token");
+  logoutButton.hidden = !session || !getToken();
 }
 
 logoutButton.addEventListener("click", () => {
@@ -98,4 +101,4 @@ document.addEventListener("click", (event) => {
 });
 window.addEventListener("popstate", route);
 
-login(sessionStorage.getItem("treadle.token") || "");
+login(getToken());
