@@ -161,15 +161,23 @@ class Approval(Hook):
 
 
 @pytest.fixture
+def stack_world(request: pytest.FixtureRequest) -> Any:
+    """The World a test's server runs on: local unless parametrized "postgres+nats"."""
+    if getattr(request, "param", "local") == "local":
+        return "local"
+    return request.getfixturevalue("pg_world")
+
+
+@pytest.fixture
 async def stack(
-    start_serve: StartServe, browser: Any
+    start_serve: StartServe, browser: Any, stack_world: Any
 ) -> AsyncIterator[tuple[Served, Page, dict[str, Any], dict[str, asyncio.Event]]]:
     """A server on a fresh World, the module's browser on it, the tests' workflows.
 
     Afterwards the browser's console must hold no script error and no refusal by
     the Content-Security-Policy (failed requests, a 401 before login say, are fine).
     """
-    served = await start_serve()
+    served = await start_serve(stack_world)
     gates: dict[str, asyncio.Event] = {}
     flows = _register(served.app, gates)
     page = Page(browser, served)
@@ -219,10 +227,11 @@ async def test_the_runs_list_shows_a_run_and_opens_its_page(stack: Any) -> None:
     assert await served.app.get_run(rerun_id).result(timeout=20) == "hello, world"
 
 
+@pytest.mark.parametrize("stack_world", ["local", "postgres+nats"], indirect=True)
 async def test_a_step_appears_live_without_a_reload(stack: Any) -> None:
     """Issue 13 item 2 (live updates over SSE): a run held in a step moves on screen
     when the test releases it: the next step's bar appears, the run completes, and the
-    page was never reloaded."""
+    page was never reloaded. On both Worlds (their feeds differ)."""
     served, page, flows, gates = stack
     gates["o-live"] = asyncio.Event()
     run = await served.app.start(flows["order"], "o-live")
