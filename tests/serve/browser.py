@@ -1,9 +1,10 @@
 """A real headless Chromium for the inspector's tests (issue 13 item 2).
 
-``chromium_or_skip()`` finds Debian's ``chromium`` and ``chromium-driver``; when they are
-missing and this process is root with apt-get, it installs them (saying so); otherwise
-the test skips with a printed reason. ``open_browser`` starts one driven by selenium
-(one per test module: a start costs about a second). ``artifacts_dir`` is where the
+``chromium_or_skip()`` finds Debian's ``chromium`` and ``chromium-driver`` (the tests call
+it once per session, from a fixture); when they are missing and this process is root
+with apt-get, it installs them (saying so); otherwise the test skips with a printed
+reason. ``open_browser`` starts one driven by selenium (one per test module: a start
+costs about a second). ``artifacts_dir`` is where the
 tests keep their screenshots (printed; never committed).
 """
 
@@ -56,13 +57,14 @@ def chromium_or_skip() -> tuple[str, str]:
     pytest.skip(reason)
 
 
-def open_browser(width: int = 1280, height: int = 900) -> Any:
-    """A headless Chromium under selenium; skips (printing why) when it cannot start."""
+def open_browser(paths: tuple[str, str], width: int = 1280, height: int = 900) -> Any:
+    """A headless Chromium (``paths``: browser, driver) under selenium; skips (printing
+    why) when it cannot start."""
     from selenium import webdriver
     from selenium.common.exceptions import WebDriverException
     from selenium.webdriver.chrome.service import Service
 
-    binary, driver_path = chromium_or_skip()
+    binary, driver_path = paths
     options = webdriver.ChromeOptions()
     options.binary_location = binary
     for flag in (

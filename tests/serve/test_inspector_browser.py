@@ -18,13 +18,21 @@ import pytest
 
 from treadle import FatalError, Hook, Workflows, sleep
 
-from .browser import artifacts_dir, open_browser, wait_for
+from .browser import artifacts_dir, chromium_or_skip, open_browser, wait_for
 from .conftest import FULL_TOKEN, READ_TOKEN, Served, StartServe
 
 
+@pytest.fixture(scope="session")
+def chromium() -> tuple[str, str]:
+    """Debian's chromium and chromedriver: found, installed (root with apt-get), or a
+    printed skip."""
+    return chromium_or_skip()
+
+
 @pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    driver = open_browser()
+def browser(chromium: tuple[str, str]) -> Iterator[Any]:
+    """One headless Chromium for the module's tests."""
+    driver = open_browser(chromium)
     print(f"\ninspector screenshots: {artifacts_dir()}")
     try:
         yield driver
