@@ -234,6 +234,12 @@ async def test_the_runs_list_shows_a_run_and_opens_its_page(stack: Any) -> None:
     assert rerun_id != run.run_id
     assert await served.app.get_run(rerun_id).result(timeout=20) == "hello, world"
 
+    # The workflow's name links back to the list, filtered by it: both runs.
+    await page.call((await page.css("dl.facts a"))[0].click)
+    await page.wait(_visible(f'tr[data-run-id="{rerun_id}"]'), "the list of hello runs")
+    assert "workflow=hello" in await page.js("return location.search")
+    assert len(await page.css("table.runs tbody tr")) == 2
+
 
 @pytest.mark.parametrize("stack_world", ["local", "postgres+nats"], indirect=True)
 async def test_a_step_appears_live_without_a_reload(stack: Any) -> None:

@@ -4,7 +4,7 @@
 // the log grew; it then re-reads the run and its timeline.
 
 import { mountActions } from "./actions.js";
-import { ApiError, get, stream } from "./api.js";
+import { ApiError, get, query, stream } from "./api.js";
 import { formatDuration, h, jsonText, pick, replace, statusBadge, timeNode, toDate } from "./dom.js";
 import { mountEvents } from "./events.js";
 import { countsOf, renderGantt } from "./gantt.js";
@@ -70,8 +70,9 @@ export function mountRun(main, ctx, runId) {
     document.title = `${runId} · treadle inspector`;
     const fact = (label, value) => h("div", {}, h("dt", {}, label), h("dd", {}, value));
     replace(facts,
-      fact("Workflow", pick(run, "workflow", "workflow_name") || ""),
-      fact("Revision", h("span", { class: "mono" }, revisionOf(run))),
+      // The workflow and the revision link to the runs list filtered by them.
+      fact("Workflow", filterLink({ workflow: pick(run, "workflow", "workflow_name") })),
+      fact("Revision", filterLink({ deployment: pick(run, "deployment_id") }, revisionOf(run), "mono")),
       fact("Spec version", String(pick(run, "spec_version") ?? "")),
       fact("Created", timeNode(pick(run, "created_at"))),
       fact("Started", timeNode(pick(run, "started_at"))),
@@ -105,6 +106,7 @@ export function mountRun(main, ctx, runId) {
 
   function renderIo() {
     const error = pick(run, "error");
+    const attributes = pick(run, "attributes") || {};
     replace(io,
       error ? renderError(error) : null,
       h("section", { class: "card", "aria-labelledby": "input-title" },
@@ -113,7 +115,9 @@ export function mountRun(main, ctx, runId) {
         h("h2", { id: "output-title" }, "Output"),
         TERMINAL.has(pick(run, "status")) || pick(run, "output") !== undefined
           ? h("pre", { class: "json" }, jsonText(pick(run, "output")))
-          : h("p", { class: "muted" }, "Not finished yet.")));
+          : h("p", { class: "muted" }, "Not finished yet.")),
+      Object.keys(attributes).length ? h("section", { class: "card", "aria-labelledby": "attrs-title" },
+        h("h2", { id: "attrs-title" }, "Attributes"), h("pre", { class: "json" }, jsonText(attributes))) : null);
   }
 
   // ---- live updates ----
@@ -145,6 +149,14 @@ export function mountRun(main, ctx, runId) {
   };
 }
 
+/** A link to the runs list filtered by `params` (text: the value itself). */
+function filterLink(params, text, cls) {
+  const value = Object.values(params)[0];
+  if (!value) return "";
+  return h("a", { href: `/${query(params)}`, "data-nav": "", class: cls, title: "Runs like this" },
+    text || String(value));
+}
+
 /** One "waiting on" item as text: "hook approve:o-1", "wait until 18:50", ... */
 function describeWait(item) {
   if (!item || typeof item !== "object") return String(item);
@@ -156,6 +168,7 @@ function describeWait(item) {
   return [h("span", { class: `tag kind-${String(kind).replace(/[^a-z_-]/gi, "")}` }, kind), " ",
     h("span", { class: "mono" }, what),
     kind === "hook" && item.token && item.token !== what ? [" token ", h("span", { class: "mono" }, item.token)] : null,
+    kind === "step" && typeof item.inline === "boolean" ? ` (${item.inline ? "inline" : "background"})` : null,
     attempt > 1 ? ` (attempt ${attempt})` : null,
     since ? [" since ", timeNode(since)] : null,
     until ? [" until ", timeNode(until)] : null];
