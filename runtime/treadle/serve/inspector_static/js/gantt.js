@@ -5,10 +5,9 @@
 
 import { formatDuration, formatTime, h, pick, toDate } from "./dom.js";
 
-/** The bars of a timeline answer, whatever the list is called. */
+/** The bars of a timeline answer (GET /api/runs/<id>/timeline). */
 export function barsOf(timeline) {
-  if (Array.isArray(timeline)) return timeline;
-  return (timeline && (timeline.bars || timeline.items || timeline.timeline)) || [];
+  return (timeline && timeline.bars) || [];
 }
 
 /** A bar's attempts as [{attempt, start, end, outcome}] (a wait/hook: one span). */
@@ -16,15 +15,15 @@ function spansOf(bar, now) {
   const attempts = Array.isArray(bar.attempts) ? bar.attempts : [];
   const spans = attempts.map((a, i) => ({
     attempt: pick(a, "attempt") ?? i + 1,
-    start: toDate(pick(a, "started_at", "start")),
-    end: toDate(pick(a, "ended_at", "end")),
-    outcome: pick(a, "outcome", "status") || (pick(a, "ended_at") ? "completed" : "running"),
+    start: toDate(pick(a, "started_at")),
+    end: toDate(pick(a, "ended_at")),
+    outcome: pick(a, "outcome") || (pick(a, "ended_at") ? "completed" : "running"),
     error: typeof a.error === "string" ? a.error : null,
   })).filter((s) => s.start);
   if (!spans.length) {
-    const start = toDate(pick(bar, "start", "started_at", "created_at"));
+    const start = toDate(pick(bar, "start"));
     if (start) {
-      spans.push({ attempt: null, start, end: toDate(pick(bar, "end", "ended_at")),
+      spans.push({ attempt: null, start, end: toDate(pick(bar, "end")),
         outcome: pick(bar, "status") || "running" });
     }
   }
@@ -33,16 +32,10 @@ function spansOf(bar, now) {
   return spans;
 }
 
-/** "<n> refusals"-style counts: the timeline's own, else summed over its bars. */
+/** The fence refusals and handoffs the log shows (null where the API gives none). */
 export function countsOf(timeline) {
-  const bars = barsOf(timeline);
-  const total = (key) => {
-    const top = timeline && !Array.isArray(timeline) ? timeline[key] : undefined;
-    if (typeof top === "number") return top;
-    const summed = bars.reduce((n, b) => n + (typeof b[key] === "number" ? b[key] : 0), 0);
-    return bars.some((b) => typeof b[key] === "number") ? summed : null;
-  };
-  return { refusals: total("refusals"), handoffs: total("handoffs") };
+  const count = (key) => (timeline && typeof timeline[key] === "number" ? timeline[key] : null);
+  return { refusals: count("refusals"), handoffs: count("handoffs") };
 }
 
 /**
@@ -93,7 +86,7 @@ function shortTime(date, now) {
 
 function renderRow(bar, spans, pct, now) {
   const kind = pick(bar, "kind") || "step";
-  const name = pick(bar, "name", "step_name", "id") || "?";
+  const name = pick(bar, "name", "id") || "?";
   // A sleep is named "sleep until <ISO time>" by the API: show the time readably.
   const sleepUntil = kind === "wait" && /^sleep until /.test(name) ? toDate(name.slice(12)) : null;
   const label = sleepUntil ? `sleep until ${shortTime(sleepUntil, now)}` : name;

@@ -71,12 +71,12 @@ export function mountRun(main, ctx, runId) {
     const fact = (label, value) => h("div", {}, h("dt", {}, label), h("dd", {}, value));
     replace(facts,
       // The workflow and the revision link to the runs list filtered by them.
-      fact("Workflow", filterLink({ workflow: pick(run, "workflow", "workflow_name") })),
+      fact("Workflow", filterLink({ workflow: pick(run, "workflow") })),
       fact("Revision", filterLink({ deployment: pick(run, "deployment_id") }, revisionOf(run), "mono")),
       fact("Spec version", String(pick(run, "spec_version") ?? "")),
       fact("Created", timeNode(pick(run, "created_at"))),
       fact("Started", timeNode(pick(run, "started_at"))),
-      fact("Ended", timeNode(pick(run, "ended_at", "completed_at"))),
+      fact("Ended", timeNode(pick(run, "ended_at"))),
       fact("Duration", formatDuration(runDuration(run))));
     renderWaiting();
     renderChart();
@@ -93,7 +93,7 @@ export function mountRun(main, ctx, runId) {
     counts.hidden = !parts.length;
     replace(chart, renderGantt(timeline, {
       runStart: toDate(pick(run, "started_at", "created_at")),
-      runEnd: toDate(pick(run, "ended_at", "completed_at")),
+      runEnd: toDate(pick(run, "ended_at")),
     }));
   }
 
@@ -160,9 +160,9 @@ function filterLink(params, text, cls) {
 /** One "waiting on" item as text: "hook approve:o-1", "wait until 18:50", ... */
 function describeWait(item) {
   if (!item || typeof item !== "object") return String(item);
-  const kind = pick(item, "kind", "type") || "wait";
-  const what = pick(item, "name", "token", "id", "correlation_id") || "";
-  const until = pick(item, "until", "resume_at");
+  const kind = pick(item, "kind") || "wait";
+  const what = pick(item, "name", "token", "id") || "";
+  const until = pick(item, "until");
   const since = pick(item, "since");
   const attempt = pick(item, "attempt");
   return [h("span", { class: `tag kind-${String(kind).replace(/[^a-z_-]/gi, "")}` }, kind), " ",
@@ -177,7 +177,7 @@ function describeWait(item) {
 /** The run's error: message and type; the stack only inside a closed "details". */
 function renderError(error) {
   const info = typeof error === "object" ? error : { message: String(error) };
-  const stack = pick(info, "stack", "traceback");
+  const stack = pick(info, "stack");
   return h("section", { class: "card error-card", "aria-labelledby": "error-title" },
     h("h2", { id: "error-title" }, "Error"),
     h("p", {}, h("strong", {}, pick(info, "type") || "Error"), ": ", pick(info, "message") || ""),

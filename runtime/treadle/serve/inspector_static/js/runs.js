@@ -11,11 +11,9 @@ const PAGE_SIZE = 25;
 export function runDuration(run) {
   const given = pick(run, "duration_ms");
   if (typeof given === "number") return given;
-  const seconds = pick(run, "duration_seconds", "duration");
-  if (typeof seconds === "number") return seconds * 1000;
   const start = toDate(pick(run, "started_at", "created_at"));
   if (!start) return null;
-  const end = toDate(pick(run, "ended_at", "completed_at")) || new Date();
+  const end = toDate(pick(run, "ended_at")) || new Date();
   return end - start;
 }
 
@@ -40,7 +38,7 @@ export function loadDeployments() {
 
 /** The revision a run is pinned to: "orders · orders-7f3a9c", or the bare id. */
 export function revisionOf(run) {
-  const id = String(pick(run, "deployment_id", "deployment") || "");
+  const id = String(pick(run, "deployment_id") || "");
   const known = deployments.get(id);
   return known && known.name && known.name !== id ? `${known.name} · ${id}` : id;
 }
@@ -141,17 +139,17 @@ export function mountRuns(main, ctx, params) {
     message.textContent = runs.length ? "" : filtered ? "No runs match these filters." : "No runs yet.";
     replace(body, runs.map(renderRow));
     const names = new Set([...workflowNames.options].map((o) => o.value));
-    for (const run of runs) names.add(pick(run, "workflow", "workflow_name") || "");
+    for (const run of runs) names.add(pick(run, "workflow") || "");
     replace(workflowNames, [...names].filter(Boolean).sort().map((n) => h("option", { value: n })));
   }
 
   function renderRow(run) {
-    const runId = pick(run, "run_id", "id");
+    const runId = pick(run, "run_id");
     const status = pick(run, "status");
     return h("tr", { dataset: { runId, status } },
       h("td", { "data-label": "Status" }, statusBadge(status)),
       h("td", { "data-label": "Run" }, runLink(runId)),
-      h("td", { "data-label": "Workflow" }, pick(run, "workflow", "workflow_name") || ""),
+      h("td", { "data-label": "Workflow" }, pick(run, "workflow") || ""),
       h("td", { "data-label": "Revision", class: "mono" }, revisionOf(run)),
       h("td", { "data-label": "Started" }, timeNode(pick(run, "started_at", "created_at"))),
       h("td", { "data-label": "Duration" }, formatDuration(runDuration(run))));
