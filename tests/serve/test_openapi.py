@@ -37,6 +37,9 @@ async def test_the_openapi_document_is_valid_and_names_every_route(served: Serve
         if isinstance(r, Route) and (r.path.startswith("/api/") or r.path == "/healthz")
     }
     assert served_paths == set(document["paths"])
+    stream_security = document["paths"]["/api/stream"]["get"]["security"]
+    assert {"access_token": []} in stream_security
+    assert "access_token" not in str(document["paths"]["/api/runs"]["get"].get("security"))
 
 
 async def test_live_answers_match_the_documented_schemas(served: Served) -> None:

@@ -100,7 +100,7 @@ def create_app(ctx: ServeContext) -> Starlette:
                 CORSMiddleware,
                 allow_origins=origins,
                 allow_methods=["GET", "POST"],
-                allow_headers=["Authorization", "Content-Type"],
+                allow_headers=["Authorization", "Content-Type", "Idempotency-Key", "Last-Event-ID"],
             )
         )
     middleware.append(Middleware(BodyLimitMiddleware, limit=ctx.serve.TREADLE_SERVE_MAX_BODY_BYTES))
