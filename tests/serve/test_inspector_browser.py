@@ -345,6 +345,7 @@ async def test_resume_a_hook_from_the_page(stack: Any) -> None:
     token = await page.wait(_visible("#hook-token"), "the open resume form")
     await page.wait(lambda d: token.get_attribute("value") == "approve:o-7", "the token filled")
     await page.wait_text("section.waiting", "approve:o-7", "the hook waited on")
+    await page.wait_text("li.bar.kind-hook", "approve:o-7", "the hook's bar, with its token")
     payload = (await page.css("#hook-payload"))[0]
     await page.call(payload.clear)
     await page.call(payload.send_keys, "{not json")

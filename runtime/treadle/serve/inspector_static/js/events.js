@@ -30,14 +30,19 @@ export function mountEvents({ base, authFailed, isClosed }) {
       return;
     }
     if (isClosed()) return;
+    // Re-read on each live update: the events whose data the reader opened stay open.
+    const opened = new Set([...list.querySelectorAll("li[data-slot] > details[open]")]
+      .map((d) => d.parentElement.dataset.slot));
     replace(list, all.map((e) => {
       const event = pick(e, "event") || e;
-      return h("li", {},
+      const slot = String(pick(e, "slot") ?? "");
+      return h("li", { dataset: { slot } },
         h("span", { class: "mono slot" }, `#${pick(e, "slot") ?? ""}`), " ",
         h("strong", {}, pick(e, "type") || pick(event, "type") || "event"), " ",
         pick(e, "correlation_id") ? h("span", { class: "mono muted" }, e.correlation_id) : null, " ",
         timeNode(pick(e, "created_at")),
-        h("details", {}, h("summary", {}, "data"), h("pre", { class: "json" }, jsonText(event))));
+        h("details", { open: opened.has(slot) }, h("summary", {}, "data"),
+          h("pre", { class: "json" }, jsonText(event))));
     }));
   }
   return { node, refresh: () => node.open && load() };

@@ -40,9 +40,10 @@ export function countsOf(timeline) {
 
 /**
  * The chart for a timeline. runStart/runEnd (Dates or null) widen the axis to the
- * run's own span; open spans end at `now` (re-rendered each second while live).
+ * run's own span; open spans end at `now` (re-rendered each second while live);
+ * labels[bar id] is added to a row's name (a hook's token, which bars lack).
  */
-export function renderGantt(timeline, { runStart = null, runEnd = null, now = new Date() } = {}) {
+export function renderGantt(timeline, { runStart = null, runEnd = null, now = new Date(), labels = {} } = {}) {
   const bars = barsOf(timeline);
   // Once the run has ended, whatever was still open ended with it.
   const until = runEnd || now;
@@ -66,7 +67,7 @@ export function renderGantt(timeline, { runStart = null, runEnd = null, now = ne
     }));
 
   const list = h("ol", { class: "gantt", "aria-label": "Timeline: steps and waits" },
-    rows.map(({ bar, spans }) => renderRow(bar, spans, pct, now)));
+    rows.map(({ bar, spans }) => renderRow(bar, spans, pct, now, labels[bar.id])));
   // The colours' key (each row also says its status in words, for screen readers).
   const legend = h("p", { class: "legend muted", "aria-hidden": "true" },
     [["completed", "completed"], ["running", "running"], ["retrying", "retried"],
@@ -84,12 +85,13 @@ function shortTime(date, now) {
   return text.slice(0, 10) === formatTime(now).slice(0, 10) ? text.slice(11) : text.slice(5);
 }
 
-function renderRow(bar, spans, pct, now) {
+function renderRow(bar, spans, pct, now, extra) {
   const kind = pick(bar, "kind") || "step";
   const name = pick(bar, "name", "id") || "?";
   // A sleep is named "sleep until <ISO time>" by the API: show the time readably.
   const sleepUntil = kind === "wait" && /^sleep until /.test(name) ? toDate(name.slice(12)) : null;
-  const label = sleepUntil ? `sleep until ${shortTime(sleepUntil, now)}` : name;
+  let label = sleepUntil ? `sleep until ${shortTime(sleepUntil, now)}` : name;
+  if (extra) label = `${label} ${extra}`; // e.g. a waited-on hook's token
   const status = pick(bar, "status") || (spans.some((s) => s.open) ? "running" : "completed");
   const inline = pick(bar, "inline");
   const tags = [h("span", { class: `tag kind-${kind}` }, kind)];

@@ -91,9 +91,15 @@ export function mountRun(main, ctx, runId) {
     if (handoffs !== null) parts.push(`Handoffs: ${handoffs}`);
     counts.textContent = parts.join(" · ");
     counts.hidden = !parts.length;
+    // A hook's bar is named "hook"; while it is waited on, waiting_on knows its token.
+    const labels = {};
+    for (const item of pick(run, "waiting_on") || []) {
+      if (item.kind === "hook" && item.token && item.token !== "<hidden>") labels[item.id] = item.token;
+    }
     replace(chart, renderGantt(timeline, {
       runStart: toDate(pick(run, "started_at", "created_at")),
       runEnd: toDate(pick(run, "ended_at")),
+      labels,
     }));
   }
 
