@@ -27,8 +27,12 @@ function spansOf(bar, now) {
         outcome: pick(bar, "status") || "running" });
     }
   }
-  for (const span of spans) span.open = !span.end;
-  for (const span of spans) if (!span.end) span.end = now;
+  for (const span of spans) {
+    span.open = !span.end;
+    // An open span ends now; a browser clock behind the server's never makes it negative.
+    if (!span.end) span.end = now;
+    if (span.end < span.start) span.end = span.start;
+  }
   return spans;
 }
 
