@@ -13,5 +13,5 @@ Modules, each owning one concern (docs/serve.md):
   (reads), ``actions`` (cancel, wake, rerun, resume), ``stream`` (server-sent events);
   ``models`` the request and response bodies, ``views`` what a run's log shows.
 - ``webhooks``: POST to a webhook URL resumes its hook (signatures, size limit).
-- ``inspector``: the web page over the API (static files under ``inspector/``).
+- ``inspector``: the web page over the API (static files under ``inspector_static/``).
 """
