@@ -22,6 +22,7 @@ from treadle.orchestrator import compat
 from treadle.orchestrator.runtime import Runtime
 from treadle.orchestrator.worker import Role, Worker
 from treadle.sdk import functions
+from treadle.telemetry import hooks as telemetry_hooks
 from treadle.world import constants, contract, events, ids, messages, records
 from treadle.worlds import open_world
 
@@ -123,6 +124,7 @@ class Run:
         return len(asked)
 
 
+@telemetry_hooks.run_start
 async def start_run(
     world: contract.World,
     *,
@@ -344,6 +346,7 @@ class Workflows:
                     if opener is not None:
                         await opener()
                     self._world = self._world_arg
+                telemetry_hooks.instrument(self._world)  # spans, metrics, trace context: if on
                 wants = self._want_worker
                 if wants is None:
                     # An embedded World has no separate worker: the app serves its runs.
