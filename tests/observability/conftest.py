@@ -68,5 +68,7 @@ async def local_app(tmp_path: Path) -> AsyncIterator[Callable[..., Workflows]]:
             await world.close()
 
 
-def by_name(finished: tuple[ReadableSpan, ...] | list[ReadableSpan], name: str) -> list[ReadableSpan]:
+def by_name(
+    finished: tuple[ReadableSpan, ...] | list[ReadableSpan], name: str
+) -> list[ReadableSpan]:
     return [s for s in finished if s.name == name]

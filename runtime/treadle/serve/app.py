@@ -10,7 +10,7 @@ from __future__ import annotations
 from starlette.applications import Starlette
 from starlette.routing import BaseRoute
 
-from treadle.serve import api, inspector, webhooks
+from treadle.serve import api, inspector, metricsroute, webhooks
 from treadle.serve.context import ServeContext
 
 
@@ -19,4 +19,5 @@ def create_app(ctx: ServeContext) -> Starlette:
     routes += webhooks.routes(ctx)
     routes += api.routes(ctx)
     routes += inspector.routes(ctx)
+    routes += metricsroute.routes(ctx)
     return Starlette(routes=routes)

@@ -26,6 +26,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from treadle import metrics as metrics_module
 from treadle.telemetry import logs, tracing
 
 log = logging.getLogger("treadle.telemetry")
@@ -65,12 +66,21 @@ def _exporter(name: str, environ: Mapping[str, str]) -> Any:
     return None
 
 
-def configure(*, service_name: str = "treadle", environ: Mapping[str, str] | None = None) -> bool:
-    """Logs (``TREADLE_LOG_FORMAT``) and trace export from the environment, once.
+def configure(
+    *,
+    service_name: str = "treadle",
+    metrics: bool = False,
+    environ: Mapping[str, str] | None = None,
+) -> bool:
+    """Logs (``TREADLE_LOG_FORMAT``) and trace export from the environment, once; with
+    ``metrics``, metrics are recorded too (a ``/metrics`` endpoint will expose them).
+    Call it before the World is opened: its wrapper is put in place at the open.
 
     Returns True when spans are exported from now on. Idempotent."""
     env = environ if environ is not None else os.environ
     logs.configure_logging(env)
+    if metrics:
+        metrics_module.enable()
     if _State.provider is not None:
         return True
     if not tracing.AVAILABLE or env.get("OTEL_SDK_DISABLED", "").lower() == "true":
