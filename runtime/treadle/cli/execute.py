@@ -201,7 +201,8 @@ async def cmd_worker(args: argparse.Namespace) -> int:
     if args.metrics_port is not None and not 0 <= args.metrics_port <= 65535:
         raise common.UsageError(f"--metrics-port must be 0..65535, not {args.metrics_port}")
     common.use_world(args.world)
-    telemetry.configure(service_name="treadle-worker", metrics=args.metrics_port is not None)
+    metrics_port = metricsserver.worker_port(args.metrics_port)
+    telemetry.configure(service_name="treadle-worker", metrics=metrics_port is not None)
     app, where = load_app(args.module)
     metrics_server: metricsserver.MetricsServer | None = None
     stop = asyncio.Event()
@@ -213,7 +214,7 @@ async def cmd_worker(args: argparse.Namespace) -> int:
         metrics_server = await metricsserver.start_for_worker(
             await app.world(),
             deployment_id=app.settings.TREADLE_DEPLOYMENT_ID,
-            port=args.metrics_port,
+            port=metrics_port,
             host=args.metrics_host,
         )
         names = ", ".join(sorted(app.workflows)) or "no workflows"

@@ -5,7 +5,8 @@ stack for it) answering ``GET /metrics`` with ``treadle.metrics.exposition()`` a
 refreshing the World's gauges (``WorldGauges``), ``GET /healthz`` with ``ok``, anything
 else 404 and a method other than GET 405. One request per connection; a request whose
 head is not read within ``READ_TIMEOUT_SECONDS`` or exceeds ``MAX_HEAD_BYTES`` is
-dropped. Started by ``cli.execute.cmd_worker`` through ``start_for_worker``.
+dropped. Started by ``cli.execute.cmd_worker`` through ``start_for_worker``, on
+``--metrics-port`` or else ``TREADLE_WORKER_METRICS_PORT`` (``worker_port``).
 """
 
 from __future__ import annotations
@@ -13,13 +14,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+from collections.abc import Mapping
 
-from treadle import metrics
+from treadle import errors, metrics
 from treadle.metrics.world import WorldGauges
 from treadle.world import contract
 
 log = logging.getLogger("treadle.metrics")
 
+PORT_VARIABLE = "TREADLE_WORKER_METRICS_PORT"
 READ_TIMEOUT_SECONDS = 5.0
 MAX_HEAD_BYTES = 8192
 
@@ -89,6 +93,19 @@ class MetricsServer:
             + body
         )
         await writer.drain()
+
+
+def worker_port(flag: int | None, environ: Mapping[str, str] | None = None) -> int | None:
+    """``--metrics-port``, else ``TREADLE_WORKER_METRICS_PORT`` (the operator sets it on
+    worker pods), else None (off). ``SettingsError`` naming the variable for a bad one."""
+    if flag is not None:
+        return flag
+    raw = (environ if environ is not None else os.environ).get(PORT_VARIABLE, "").strip()
+    if not raw:
+        return None
+    if not raw.isdigit() or not 0 <= int(raw) <= 65535:
+        raise errors.SettingsError(f"{PORT_VARIABLE}={raw[:20]!r} is not a port (0..65535)")
+    return int(raw)
 
 
 async def start_for_worker(
