@@ -116,6 +116,9 @@ async def test_a_workers_metrics_count_deliveries_retries_and_step_attempts_by_s
     assert grew("treadle_step_duration_seconds_count", step="metered") == 4
     assert grew("treadle_world_writes_total", event_type="run_completed", in_band="true") == 1
     assert grew("treadle_sends_total", kind="step") >= 3
+    # The local queue knows each message's due time: the lag of every first delivery.
+    assert grew("treadle_queue_lag_seconds_count", kind="orchestrator") >= 1
+    assert grew("treadle_queue_lag_seconds_count", kind="step") >= 3
     assert _value(after, "treadle_open_runs", status="running") == 0
     assert _value(after, "treadle_dead_letters") == 0
     assert ("treadle_queue_backlog", (("kind", "step"),)) in after

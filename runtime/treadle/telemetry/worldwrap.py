@@ -47,8 +47,8 @@ def traced_handler(handler: contract.Handler) -> contract.Handler:
         meta: messages.DeliveryMeta,
     ) -> messages.HandlerResult:
         began = clock.monotonic()
-        due = getattr(meta, "due_at_ms", None)
-        lag = (clock.now_ms() - due) / 1000 if isinstance(due, int) else None
+        due = meta.due_at_ms
+        lag = (clock.now_ms() - due) / 1000 if due is not None else None
         outcome = "error"
         with tracing.delivery(message, meta) as current:
             try:

@@ -275,6 +275,8 @@ class DeliveryMeta:
     # Set by the queue once it knows this delivery's lease lapsed (its message may be
     # with another delivery now): the handler must stop at once, writing nothing more.
     lease_lost: asyncio.Event | None = field(default=None, compare=False)
+    # When the message came due (epoch ms), where the queue knows it: the queue lag metric.
+    due_at_ms: int | None = None
 
     def lost_lease(self) -> bool:
         return self.lease_lost is not None and self.lease_lost.is_set()
