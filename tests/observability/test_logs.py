@@ -12,7 +12,7 @@ from datetime import datetime
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from treadle import errors
+from treadle import errors, settings
 from treadle.telemetry import logs, scope, tracing
 
 
@@ -98,6 +98,9 @@ def test_an_exception_is_in_the_line_not_on_lines_of_its_own(captured: io.String
 
 def test_text_stays_the_default_and_a_bad_format_is_a_settings_error() -> None:
     assert logs.configure_logging({}) == "text"
-    assert logs.configure_logging({"TREADLE_LOG_FORMAT": "TEXT"}) == "text"
+    assert logs.configure_logging({"TREADLE_LOG_FORMAT": " text "}) == "text"
     with pytest.raises(errors.SettingsError, match="TREADLE_LOG_FORMAT='yaml' is not a log"):
         logs.configure_logging({"TREADLE_LOG_FORMAT": "yaml"})
+    with pytest.raises(errors.SettingsError, match="TREADLE_LOG_FORMAT"):
+        settings.load({"TREADLE_LOG_FORMAT": "yaml"})
+    assert settings.load({"TREADLE_LOG_FORMAT": "json"}).TREADLE_LOG_FORMAT == "json"

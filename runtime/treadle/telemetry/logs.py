@@ -2,7 +2,9 @@
 
 ``configure_logging()`` reads ``TREADLE_LOG_FORMAT`` (``text``, the default, changes
 nothing; ``json`` puts one ``JsonFormatter`` handler on stderr on the ``treadle``
-logger, which every treadle logger, the operator's included, is under). Each record
+logger, which every treadle logger, the operator's included, is under, at
+``TREADLE_LOG_LEVEL`` or INFO; not propagated, so no root handler repeats it as text;
+other libraries' loggers, kopf's and uvicorn's, are left as they are). Each record
 becomes one JSON object on one line with ``time`` (UTC, ISO 8601), ``level``,
 ``logger``, ``message``, ``run_id`` and ``step`` when known, ``trace_id`` and
 ``span_id`` while a span is recording, and ``exception`` for a record with one.
@@ -37,6 +39,7 @@ except ImportError:  # pragma: no cover - the base install has no opentelemetry-
 
 VARIABLE = "TREADLE_LOG_FORMAT"
 FORMATS = ("text", "json")
+_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 _RUN_ID = re.compile(r"\bwrun_[A-Za-z0-9_-]{1,64}")
 
 
@@ -85,8 +88,8 @@ class JsonFormatter(logging.Formatter):
 
 def log_format(environ: Mapping[str, str] | None = None) -> str:
     """``TREADLE_LOG_FORMAT`` checked: ``SettingsError`` naming it for any other value."""
-    value = (environ if environ is not None else os.environ).get(VARIABLE, "text").strip()
-    value = value.lower() or "text"
+    value = (environ if environ is not None else os.environ).get(VARIABLE, "").strip()
+    value = value or "text"
     if value not in FORMATS:
         raise errors.SettingsError(
             f"{VARIABLE}={value[:40]!r} is not a log format: use one of {', '.join(FORMATS)}"
@@ -96,7 +99,8 @@ def log_format(environ: Mapping[str, str] | None = None) -> str:
 
 def configure_logging(environ: Mapping[str, str] | None = None) -> str:
     """Apply ``TREADLE_LOG_FORMAT``; returns the format in force."""
-    fmt = log_format(environ)
+    env = environ if environ is not None else os.environ
+    fmt = log_format(env)
     if fmt != "json":
         return fmt
     logger = logging.getLogger("treadle")
@@ -107,6 +111,7 @@ def configure_logging(environ: Mapping[str, str] | None = None) -> str:
         # One line per record: not again through a root handler an app installed.
         logger.propagate = False
         if logger.level == logging.NOTSET:
-            logger.setLevel(logging.INFO)
+            level = env.get("TREADLE_LOG_LEVEL", "").strip().upper()
+            logger.setLevel(level if level in _LEVELS else logging.INFO)
     _State.json = True
     return fmt
