@@ -152,3 +152,29 @@ with tracing.delivery(m, meta):
         assert "opentelemetry-exporter-otlp-proto-http" in otlp.stderr
     else:  # the exporter is installed here: the endpoint turns export on
         assert otlp.stdout.strip() == "True"
+
+
+async def test_a_handler_that_raises_is_an_error_delivery_on_span_and_metric(
+    spans: InMemorySpanExporter, metrics_on: None
+) -> None:
+    """The queue redelivers a raising handler with backoff; its delivery span is failed,
+    names the result ``error`` and counts under ``result="error"``."""
+    from opentelemetry.trace import StatusCode
+
+    from treadle import metrics
+    from treadle.telemetry import worldwrap
+
+    async def raises(
+        message: messages.OrchestratorMessage | messages.StepMessage, meta: messages.DeliveryMeta
+    ) -> messages.HandlerResult:
+        raise RuntimeError("handler broke")
+
+    labels = {"kind": "orchestrator", "result": "error"}
+    before = metrics.REGISTRY.get_sample_value("treadle_deliveries_total", labels) or 0
+    message = messages.OrchestratorMessage(run_id=RUN, run_spec_version=9)
+    with pytest.raises(RuntimeError, match="handler broke"):
+        await worldwrap.traced_handler(raises)(message, _meta())
+    (span,) = spans.get_finished_spans()
+    assert span.status.status_code == StatusCode.ERROR
+    assert (span.attributes or {})[names.DELIVERY_RESULT] == "error"
+    assert metrics.REGISTRY.get_sample_value("treadle_deliveries_total", labels) == before + 1

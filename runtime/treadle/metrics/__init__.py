@@ -8,7 +8,7 @@ is the worker's small HTTP endpoint (``treadle worker --metrics-port``) and
 ``treadle.serve.metricsroute`` serve's ``GET /metrics``.
 
 Label sets are bounded: message kind (``orchestrator``, ``step``), delivery result
-(``ack``, ``redeliver``, ``handoff``, ``error``), event type, run status, and the step
+(``ack``, ``redeliver``, ``handoff``, ``error``, ``cancelled``), event type, run status, and the step
 name only when the app's registry has that step (``unregistered`` otherwise), never a
 run id. Without ``prometheus-client`` installed every recorder is a no-op and
 ``exposition()`` says so in a comment.
@@ -51,7 +51,8 @@ if AVAILABLE:
     REGISTRY = prom.CollectorRegistry(auto_describe=True)
     DELIVERIES = prom.Counter(
         "treadle_deliveries",
-        "Deliveries handled, by message kind and result (ack, redeliver, handoff, error).",
+        "Deliveries handled, by message kind and result (ack, redeliver, handoff, error, "
+        "cancelled).",
         ["kind", "result"],
         registry=REGISTRY,
     )

@@ -34,7 +34,7 @@ MESSAGE_KIND: Final = "workflow.message.kind"
 DELIVERY_COUNT: Final = "workflow.delivery.count"
 DELIVERY_ATTEMPT: Final = "workflow.delivery.attempt"
 DELIVERY_RERUN: Final = "workflow.delivery.rerun"
-DELIVERY_RESULT: Final = "workflow.delivery.result"  # ack, redeliver, handoff, error
+DELIVERY_RESULT: Final = "workflow.delivery.result"  # ack, redeliver, handoff, error, cancelled
 REDELIVER_SECONDS: Final = "workflow.delivery.redeliver_seconds"
 
 # Seed 000 "Observability": counters on workflow.execute (the spec 8 delivery adds them).

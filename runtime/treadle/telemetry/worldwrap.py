@@ -20,6 +20,7 @@ or JSON logs are on (``telemetry.active()``), so a plain run pays nothing.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -54,6 +55,10 @@ def traced_handler(handler: contract.Handler) -> contract.Handler:
             try:
                 result = await handler(message, meta)
                 outcome = _result(result)
+            except asyncio.CancelledError:
+                outcome = "cancelled"  # shutdown cut it off: the queue delivers it again
+                raise
+            else:
                 if current.span is not None and isinstance(result, messages.Redeliver):
                     current.span.set_attribute(names.REDELIVER_SECONDS, result.seconds)
                 return result
