@@ -195,7 +195,6 @@ async def test_serve_answers_metrics_with_the_worlds_open_runs(
         assert answer.status_code == 200
         assert _value(_samples(answer.text), "treadle_open_runs", status="running") >= 1
     finally:
-        metrics.enable(False)
         await app.resume_hook("obs-park", None)
 
 

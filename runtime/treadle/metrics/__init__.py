@@ -8,9 +8,9 @@ is the worker's small HTTP endpoint (``treadle worker --metrics-port``) and
 ``treadle.serve.metricsroute`` serve's ``GET /metrics``.
 
 Label sets are bounded: message kind (``orchestrator``, ``step``), delivery result
-(``ack``, ``redeliver``, ``handoff``, ``error``, ``cancelled``), event type, run status, and the step
-name only when the app's registry has that step (``unregistered`` otherwise), never a
-run id. Without ``prometheus-client`` installed every recorder is a no-op and
+(``ack``, ``redeliver``, ``handoff``, ``error``, ``cancelled``), event type, run
+status, and the step name only when the app's registry has that step
+(``unregistered`` otherwise), never a run id. Without ``prometheus-client`` installed every recorder is a no-op and
 ``exposition()`` says so in a comment.
 """
 
