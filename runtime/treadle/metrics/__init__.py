@@ -10,8 +10,8 @@ is the worker's small HTTP endpoint (``treadle worker --metrics-port``) and
 Label sets are bounded: message kind (``orchestrator``, ``step``), delivery result
 (``ack``, ``redeliver``, ``handoff``, ``error``, ``cancelled``), event type, run
 status, and the step name only when the app's registry has that step
-(``unregistered`` otherwise), never a run id. Without ``prometheus-client`` installed every recorder is a no-op and
-``exposition()`` says so in a comment.
+(``unregistered`` otherwise), never a run id. Without ``prometheus-client`` installed
+every recorder is a no-op and ``exposition()`` says so in a comment.
 """
 
 from __future__ import annotations
