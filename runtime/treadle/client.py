@@ -17,12 +17,12 @@ from typing import Any, ParamSpec, TypeVar, overload
 
 from pydantic import BaseModel, JsonValue
 
+import treadle.telemetry.hooks as telemetry_hooks
 from treadle import clock, errors, hookresume, hooktokens, limits, payloads, serde, settings
 from treadle.orchestrator import compat
 from treadle.orchestrator.runtime import Runtime
 from treadle.orchestrator.worker import Role, Worker
 from treadle.sdk import functions
-from treadle.telemetry import hooks as telemetry_hooks
 from treadle.world import constants, contract, events, ids, messages, records
 from treadle.worlds import open_world
 

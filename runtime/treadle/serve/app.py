@@ -10,7 +10,8 @@ from __future__ import annotations
 from starlette.applications import Starlette
 from starlette.routing import BaseRoute
 
-from treadle.serve import api, inspector, metricsroute, webhooks
+import treadle.serve.metricsroute as metricsroute
+from treadle.serve import api, inspector, webhooks
 from treadle.serve.context import ServeContext
 
 
