@@ -32,6 +32,14 @@ from treadle.telemetry import names, tracing
 from treadle.world import contract, events, messages, records
 
 
+def _forward(proxy: object, name: str) -> Any:
+    """What the wrapped member has under ``name`` (its other methods and attributes)."""
+    inner = proxy.__dict__.get("inner")
+    if inner is None:  # not set yet (a copy being built): no recursion
+        raise AttributeError(name)
+    return getattr(inner, name)
+
+
 def _result(result: messages.HandlerResult) -> str:
     if isinstance(result, messages.Redeliver):
         return "redeliver"
@@ -95,7 +103,7 @@ class TracedQueue:
         self.inner = inner
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
+        return _forward(self, name)
 
     async def send(
         self,
@@ -153,7 +161,7 @@ class TracedEvents:
         self.inner = inner
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
+        return _forward(self, name)
 
     async def create(
         self,
@@ -235,7 +243,7 @@ class TracedRuns:
         self.inner = inner
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
+        return _forward(self, name)
 
     async def create(
         self,
