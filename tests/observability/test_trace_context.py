@@ -178,3 +178,14 @@ async def test_a_handler_that_raises_is_an_error_delivery_on_span_and_metric(
     assert span.status.status_code == StatusCode.ERROR
     assert (span.attributes or {})[names.DELIVERY_RESULT] == "error"
     assert metrics.REGISTRY.get_sample_value("treadle_deliveries_total", labels) == before + 1
+
+
+def test_a_process_that_does_not_trace_still_carries_the_runs_context() -> None:
+    """Metrics or JSON logs on, tracing off: the messages a delivery sends keep the
+    ``traceparent`` they came with, and nothing mints a new one."""
+    message = messages.OrchestratorMessage(run_id=RUN, run_spec_version=9, traceparent=GOOD)
+    wake = messages.OrchestratorMessage(run_id=RUN, run_spec_version=9)
+    with tracing.delivery(message, _meta()):
+        assert tracing.stamp(wake).traceparent == GOOD
+    fresh = messages.OrchestratorMessage(run_id="wrun_neverseen", run_spec_version=9)
+    assert tracing.stamp(fresh).traceparent is None

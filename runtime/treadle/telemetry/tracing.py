@@ -239,7 +239,12 @@ def delivery(message: Message, meta: messages.DeliveryMeta) -> Iterator[Delivery
     step_token = scope.STEP.set(step)
     try:
         if not enabled():
-            current = Delivery(message.run_id, message.traceparent or known(message.run_id))
+            # Not tracing here: the context still rides on, so a tracing process after
+            # this one keeps the run in one trace.
+            carrier = message.traceparent or known(message.run_id)
+            if message.traceparent is not None:
+                remember(message.run_id, message.traceparent)
+            current = Delivery(message.run_id, carrier)
             token = CURRENT.set(current)
             try:
                 yield current
