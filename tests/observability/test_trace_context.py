@@ -7,13 +7,14 @@ from __future__ import annotations
 import importlib.util
 import subprocess
 import sys
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from treadle import telemetry
-from treadle.telemetry import names, tracing
+from treadle import Workflows, telemetry
+from treadle.telemetry import names, tracing, worldwrap
 from treadle.world import messages
 
 RUN = "wrun_01ABCDEFGHJKMNPQRSTVWXYZ23"
@@ -189,3 +190,23 @@ def test_a_process_that_does_not_trace_still_carries_the_runs_context() -> None:
         assert tracing.stamp(wake).traceparent == GOOD
     fresh = messages.OrchestratorMessage(run_id="wrun_neverseen", run_spec_version=9)
     assert tracing.stamp(fresh).traceparent is None
+
+
+async def test_with_telemetry_off_the_world_is_left_as_it_is(
+    local_app: Callable[..., Workflows],
+) -> None:
+    """No tracing, metrics or JSON logs: ``Workflows.world()`` wraps nothing (the
+    simulation and plain runs take exactly the paths they took before)."""
+    assert not telemetry.active()
+    world = await local_app().world()
+    assert not isinstance(world.queue, worldwrap.TracedQueue)
+    assert not isinstance(world.events, worldwrap.TracedEvents)
+
+
+async def test_with_tracing_on_the_world_is_wrapped_once(
+    spans: InMemorySpanExporter, local_app: Callable[..., Workflows]
+) -> None:
+    world = await local_app().world()
+    queue = world.queue
+    assert isinstance(queue, worldwrap.TracedQueue)
+    assert telemetry.instrument(world).queue is queue, "idempotent"
