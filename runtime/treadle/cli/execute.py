@@ -116,6 +116,7 @@ async def cmd_run(args: argparse.Namespace) -> int:
             f"--timeout must be a positive number of seconds, not {args.timeout}"
         )
     common.use_world(args.world)
+    telemetry.configure(service_name="treadle-run")  # spans if OTEL_* asks for them
     target = load_target(args.target)
     call_args, call_kwargs = common.parse_input(args.input)
     common.check_arguments(target.workflow, call_args, call_kwargs)
@@ -175,6 +176,7 @@ async def cmd_run(args: argparse.Namespace) -> int:
 async def cmd_start(args: argparse.Namespace) -> int:
     """Record a run and queue its start; a worker on this World executes it."""
     common.use_world(args.world)
+    telemetry.configure(service_name="treadle-start")  # the run's trace starts here
     target = load_target(args.target)
     call_args, call_kwargs = common.parse_input(args.input)
     common.check_arguments(target.workflow, call_args, call_kwargs)
