@@ -13,16 +13,20 @@ from datetime import UTC, datetime
 
 import httpx
 import uvicorn
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.applications import Starlette
 from tests.cli.conftest import Cli, cli
 
-from treadle import Workflows, metrics, settings
+from treadle import Workflows, errors, metrics, settings
 from treadle.metrics import server as metricsserver
 from treadle.orchestrator import steps
 from treadle.orchestrator.runtime import Runtime
 from treadle.serve import metricsroute
 from treadle.serve.context import ServeContext
+from treadle.telemetry import names
+from treadle.world import events
 
 __all__ = ["cli"]
 
@@ -236,3 +240,37 @@ def test_treadle_worker_serves_metrics_and_json_logs(cli: Cli) -> None:
     assert retried[0]["logger"] == "treadle.orchestrator.steps"
     others = [line for line in stderr.splitlines() if not line.startswith("{")]
     assert all(line.startswith("treadle worker:") for line in others), others
+
+
+async def test_a_superseded_in_band_write_counts_as_a_fence_refusal(
+    metrics_on: None, spans: InMemorySpanExporter, local_app: Callable[..., Workflows]
+) -> None:
+    """An in-band write with a stale count is refused by the World's fence: counted in
+    ``treadle_fence_refusals_total`` and named on the write's span, which is not failed."""
+    app = local_app()
+
+    @app.workflow
+    async def idle() -> int:
+        return 1
+
+    run = await app.start(idle)
+    assert await run.result(timeout=30) == 1
+    world = await app.world()
+    before = metrics.REGISTRY.get_sample_value("treadle_fence_refusals_total") or 0
+    try:
+        await world.events.create(
+            run.run_id, events.RunStarted(), in_band=True, expected_seq_in_band=999,
+            event_count=1,
+        )  # fmt: skip
+    except errors.WorldError as exc:
+        refusal = type(exc).__name__
+    else:
+        raise AssertionError("a stale in-band write was accepted")
+    assert refusal == "InBandSuperseded"
+    assert metrics.REGISTRY.get_sample_value("treadle_fence_refusals_total") == before + 1
+    (write,) = [
+        s for s in spans.get_finished_spans()
+        if s.name == names.EVENTS_CREATE and (s.attributes or {}).get(names.REFUSAL)
+    ]  # fmt: skip
+    assert (write.attributes or {})[names.REFUSAL] == "InBandSuperseded"
+    assert write.status.status_code == StatusCode.UNSET
