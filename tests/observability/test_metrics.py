@@ -274,3 +274,42 @@ async def test_a_superseded_in_band_write_counts_as_a_fence_refusal(
     ]  # fmt: skip
     assert (write.attributes or {})[names.REFUSAL] == "InBandSuperseded"
     assert write.status.status_code == StatusCode.UNSET
+
+
+async def test_handoffs_reruns_and_redeliveries_are_counted_apart(metrics_on: None) -> None:
+    """The delivery wrapper's arithmetic: a Handoff answer counts a handoff; a coalesced
+    re-run (``rerun`` above 0) counts a re-run, not a redelivery; a later attempt of the
+    queue's counts a redelivery. No run id reaches a label."""
+    from treadle.telemetry import worldwrap
+    from treadle.world import messages
+
+    run = "wrun_01ABCDEFGHJKMNPQRSTVWXYZ23"
+
+    def sample(name: str, **labels: str) -> float:
+        return metrics.REGISTRY.get_sample_value(name, labels) or 0.0
+
+    async def hands_off(
+        message: messages.OrchestratorMessage | messages.StepMessage, meta: messages.DeliveryMeta
+    ) -> messages.HandlerResult:
+        return messages.HANDOFF
+
+    handler = worldwrap.traced_handler(hands_off)
+    message = messages.OrchestratorMessage(run_id=run, run_spec_version=9)
+    before = (
+        sample("treadle_handoffs_total", kind="orchestrator"),
+        sample("treadle_coalesced_reruns_total"),
+        sample("treadle_redeliveries_total", kind="orchestrator"),
+    )
+    for count, attempt, rerun in ((1, 1, 0), (2, 1, 1), (3, 2, 0)):
+        meta = messages.DeliveryMeta(
+            message_id="msg_1", delivery_count=count, attempt=attempt,
+            invocation_started_at=0, rerun=rerun,
+        )  # fmt: skip
+        assert await handler(message, meta) == messages.HANDOFF
+    after = (
+        sample("treadle_handoffs_total", kind="orchestrator"),
+        sample("treadle_coalesced_reruns_total"),
+        sample("treadle_redeliveries_total", kind="orchestrator"),
+    )
+    assert [a - b for a, b in zip(after, before, strict=True)] == [3, 1, 1]
+    assert run not in metrics.exposition().decode()
