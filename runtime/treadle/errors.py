@@ -24,6 +24,7 @@ its message names them too::
     │   └── RunCancelledError         ``run.result()`` of a run that was cancelled
     ├── HookWakeFailed                resume_hook recorded the payload but could not wake the run
     ├── HookSignatureInvalid          resume_hook without the signature its hook requires; no write
+    ├── RequestRefused                treadle serve answers a request with a 4xx JSON error
     └── WorldError                    the World refused or failed an operation
         ├── InBandSuperseded          fence: a stale expected_seq_in_band; nothing written
         ├── WorldContractError        the caller broke the World contract (a bug, not load)
@@ -564,3 +565,18 @@ class ReadTimedOut(StorageUnavailable):
         self.what = what
         self.attempts = attempts
         self.waited_ms = waited_ms
+
+
+class RequestRefused(TreadleError):
+    """``treadle serve`` refuses an HTTP request: ``status`` (a 4xx), a stable ``code``
+    (``"unauthorized"``, ``"run_not_found"``...) and the message naming the problem.
+
+    Answered as ``{"error": {"code": ..., "message": ...}}`` by ``treadle.serve.app``;
+    raised by the serve routes and its auth (issue 13, "Bad input").
+    """
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
