@@ -12,19 +12,15 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 
 import httpx
-import uvicorn
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 from prometheus_client.parser import text_string_to_metric_families
-from starlette.applications import Starlette
 from tests.cli.conftest import Cli, cli
 
 from treadle import Workflows, errors, metrics, settings
 from treadle.metrics import server as metricsserver
 from treadle.orchestrator import steps
 from treadle.orchestrator.runtime import Runtime
-from treadle.serve import metricsroute
-from treadle.serve.context import ServeContext
 from treadle.telemetry import names
 from treadle.world import events
 
@@ -158,48 +154,6 @@ async def test_a_step_the_registry_lacks_is_labelled_unregistered(metrics_on: No
         _samples(text), "treadle_step_attempts_total", step="unregistered", outcome="failed"
     )
     assert after == before + 1
-
-
-async def test_serve_answers_metrics_with_the_worlds_open_runs(
-    local_app: Callable[..., Workflows],
-) -> None:
-    """serve's ``GET /metrics`` (``serve.metricsroute``) under a real uvicorn: the
-    open-runs gauge read from the World (a run waiting on a hook is running)."""
-    app = local_app()
-
-    @app.workflow
-    async def parked() -> object:
-        from treadle import create_hook
-
-        return await create_hook(token="obs-park").payload()
-
-    run = await app.start(parked)
-    world = await app.world()
-    for _ in range(400):
-        if (await run.get()).status == "running":
-            break
-        await asyncio.sleep(0.025)
-    try:
-        ctx = ServeContext(world=world, settings=app.settings)
-        asgi = Starlette(routes=metricsroute.routes(ctx))
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
-        server = uvicorn.Server(
-            uvicorn.Config(asgi, host="127.0.0.1", port=port, lifespan="off", log_level="warning")
-        )
-        task = asyncio.create_task(server.serve())
-        while not server.started:
-            assert not task.done(), "uvicorn did not start"
-            await asyncio.sleep(0.01)
-        async with httpx.AsyncClient() as client:
-            answer = await client.get(f"http://127.0.0.1:{port}/metrics")
-        server.should_exit = True
-        await task
-        assert answer.status_code == 200
-        assert _value(_samples(answer.text), "treadle_open_runs", status="running") >= 1
-    finally:
-        await app.resume_hook("obs-park", None)
 
 
 def test_treadle_worker_serves_metrics_and_json_logs(cli: Cli) -> None:
