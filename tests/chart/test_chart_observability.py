@@ -64,17 +64,26 @@ def test_workers_false_leaves_the_pod_monitor_out() -> None:
 
 
 def test_serves_service_monitor_only_when_the_chart_deploys_serve() -> None:
-    """Without serve.enabled (the serve Deployment's switch) only the operator's."""
+    """Without serve.enabled only the operator's; with it, one that selects serve's
+    Service (templates/serve.yaml) by its labels and scrapes its `http` port."""
     names = [m["metadata"]["name"] for m in _by_kind(ON)["ServiceMonitor"]]
     assert names == ["treadle-operator"]
-    values = render.chart_values(CHART, {**ON, "serve": {"enabled": True}})
-    manifests_ = render.render_chart(CHART, values)
-    monitors = {
-        m.body["metadata"]["name"]: m.body for m in manifests_ if m.kind == "ServiceMonitor"
-    }
-    serve = monitors["treadle-serve"]
-    assert serve["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"] == "serve"
-    assert serve["spec"]["endpoints"] == [{"port": "http", "path": "/metrics", "interval": "30s"}]
+    serve = {"serve": {"enabled": True, "auth": {"secretName": "serve-tokens"}}}
+    values = render.chart_values(CHART, {**ON, **serve})
+    jsonschema.validate(values, _schema())
+    rendered = render.render_chart(CHART, values)
+    monitors = {m.body["metadata"]["name"]: m.body for m in rendered if m.kind == "ServiceMonitor"}
+    monitor = monitors["treadle-serve"]
+    assert monitor["spec"]["endpoints"] == [{"port": "http", "path": "/metrics", "interval": "30s"}]
+    (service,) = [
+        m.body
+        for m in rendered
+        if m.kind == "Service" and m.body["metadata"]["name"] == "treadle-serve"
+    ]
+    assert (
+        monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    )
+    assert "http" in [p["name"] for p in service["spec"]["ports"]]
 
 
 @pytest.mark.parametrize("key", ["workers", "serve"])

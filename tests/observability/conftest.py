@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
@@ -66,9 +66,3 @@ async def local_app(tmp_path: Path) -> AsyncIterator[Callable[..., Workflows]]:
         world = app._world_arg
         if isinstance(world, LocalWorld):
             await world.close()
-
-
-def by_name(
-    finished: tuple[ReadableSpan, ...] | list[ReadableSpan], name: str
-) -> list[ReadableSpan]:
-    return [s for s in finished if s.name == name]
