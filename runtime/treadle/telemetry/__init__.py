@@ -1,6 +1,6 @@
 """treadle's traces, log format and the switches that turn metrics on (issue 13).
 
-- ``configure()`` (``treadle worker``, ``treadle serve``): JSON logs when
+- ``configure()`` (``treadle worker``, ``run``, ``start``, ``serve``): JSON logs when
   ``TREADLE_LOG_FORMAT=json``, span export from ``OTEL_EXPORTER_OTLP_*`` (``setup``).
 - ``instrument(world)`` (``Workflows.world()``): the World wrapper that makes the spans,
   stamps trace context on messages and records metrics (``worldwrap``), when any of

@@ -1,7 +1,7 @@
 """What the current task is working on, for log lines: the run and the step.
 
 Set per delivery by ``treadle.telemetry.tracing`` (the run) and per step attempt by
-``treadle.telemetry.stepspans`` (the step); read by ``treadle.telemetry.logs``. Plain
+``treadle.telemetry.hooks`` (the step); read by ``treadle.telemetry.logs``. Plain
 context variables, so every task a delivery starts (inline bodies) sees them.
 """
 

@@ -16,9 +16,10 @@ is parented on the run's and *linked* to the message's (a resume from an HTTP re
 trace shows as a link). A message with no context starts a trace at its delivery,
 which later messages then carry.
 
-Who calls what: ``instrument`` (the World's queue wrapper) opens ``delivery`` around
-every handler and ``stamp`` on every send; ``stepspans`` and the write wrappers use
-``span``; the spec 8 delivery calls ``add_to_current`` for seed 000's counters.
+Who calls what: ``worldwrap`` (the World's queue wrapper) opens ``delivery`` around
+every handler and ``stamp`` on every send; ``hooks`` (step attempts, the start) and the
+write wrappers use ``span``; the spec 8 delivery calls ``add_to_current`` for seed 000's
+counters.
 """
 
 from __future__ import annotations
