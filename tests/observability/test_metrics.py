@@ -156,15 +156,17 @@ async def test_a_step_the_registry_lacks_is_labelled_unregistered(metrics_on: No
     assert after == before + 1
 
 
-def test_treadle_worker_serves_metrics_and_json_logs(cli: Cli) -> None:
-    """``treadle worker --metrics-port`` with ``TREADLE_LOG_FORMAT=json``: the endpoint
-    answers while the worker runs a run, and every log line on stderr is one JSON
-    object."""
+def test_treadle_worker_serves_metrics_json_logs_and_spans(cli: Cli) -> None:
+    """``treadle worker --metrics-port`` with ``TREADLE_LOG_FORMAT=json`` and
+    ``OTEL_TRACES_EXPORTER=console``: the endpoint answers while the worker runs a run,
+    every log line on stderr is one JSON object (with the run, step and trace), and the
+    spans are exported."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     (cli.cwd / "flaky.py").write_text(FLAKY)
     cli.env["TREADLE_LOG_FORMAT"] = "json"
+    cli.env["OTEL_TRACES_EXPORTER"] = "console"  # spans on stderr, one JSON object a line
     run_id = cli("start", "flaky.py:flaky").stdout.strip()
     worker = cli.background(
         "worker", "flaky.py", "--grace", "1", "--metrics-port", str(port),
@@ -182,16 +184,23 @@ def test_treadle_worker_serves_metrics_and_json_logs(cli: Cli) -> None:
         assert time.monotonic() < deadline, "the worker's /metrics never answered"
         time.sleep(0.1)
     worker.terminate()
-    _, stderr = worker.communicate(timeout=20)
+    stdout, stderr = worker.communicate(timeout=20)
     assert worker.returncode == 0, stderr
-    logged = [line for line in stderr.splitlines() if line.startswith("{")]
-    assert logged, stderr
-    records = [json.loads(line) for line in logged]
+    objects = [json.loads(line) for line in stderr.splitlines() if line.startswith("{")]
+    records = [o for o in objects if "logger" in o]
+    exported = [o for o in objects if "context" in o]
+    assert records, stderr
     assert {"time", "level", "logger", "message"} <= set(records[0])
     retried = [r for r in records if "retrying" in r["message"]]
     assert retried, records
     assert (retried[0]["run_id"], retried[0]["step"]) == (run_id, "once"), retried[0]
     assert retried[0]["logger"] == "treadle.orchestrator.steps"
+    # Logged inside the step's attempt span: the line names its trace and span, which the
+    # console exporter printed (configure() from OTEL_TRACES_EXPORTER).
+    attempts = [o for o in exported if o["name"] == "step.execute"]
+    assert {o["context"]["span_id"] for o in attempts} >= {f"0x{retried[0]['span_id']}"}
+    assert {o["context"]["trace_id"] for o in exported} == {f"0x{retried[0]['trace_id']}"}
+    assert not stdout, "spans never on a command's stdout"
     others = [line for line in stderr.splitlines() if not line.startswith("{")]
     assert all(line.startswith("treadle worker:") for line in others), others
 

@@ -5,6 +5,7 @@ foreign context as a link, and ``configure()`` from the standard variables."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import subprocess
 import sys
 from collections.abc import Callable
@@ -135,8 +136,10 @@ with tracing.delivery(m, meta):
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
     )
     assert done.returncode == 0, done.stderr
-    assert '"name": "workflow.execute"' in done.stdout
-    assert '"service.name": "obs-test"' in done.stdout
+    assert not done.stdout, "spans go to stderr: a command's stdout is its output"
+    (span,) = [json.loads(line) for line in done.stderr.splitlines() if line.startswith("{")]
+    assert span["name"] == "workflow.execute"
+    assert span["resource"]["attributes"]["service.name"] == "obs-test"
     otlp = subprocess.run(
         [sys.executable, "-c", "import logging,sys; logging.basicConfig(); "
          "from treadle import telemetry; "

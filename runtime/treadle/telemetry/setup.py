@@ -7,7 +7,8 @@ at start; an application embedding treadle may call it too, or install its own g
 
 Traces are exported when ``OTEL_EXPORTER_OTLP_ENDPOINT`` or
 ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` is set, or ``OTEL_TRACES_EXPORTER`` names an
-exporter (``otlp``, ``console``; ``none`` turns tracing off, as does
+exporter (``otlp``, ``console``: one JSON span a line on stderr, never on a command's
+stdout; ``none`` turns tracing off, as does
 ``OTEL_SDK_DISABLED=true``). ``otlp`` uses ``OTEL_EXPORTER_OTLP_PROTOCOL``
 (``http/protobuf``, the default, or ``grpc``), which needs
 ``opentelemetry-exporter-otlp-proto-http`` (or ``-grpc``) installed; every other
@@ -23,6 +24,7 @@ import atexit
 import importlib
 import logging
 import os
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -45,7 +47,10 @@ def _exporter(name: str, environ: Mapping[str, str]) -> Any:
     if name == "console":
         from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 
-        return ConsoleSpanExporter()
+        # stderr, one JSON object a line: a command's stdout is its output (a run id, JSON).
+        return ConsoleSpanExporter(
+            out=sys.stderr, formatter=lambda span: span.to_json(indent=None) + "\n"
+        )
     if name == "otlp":
         protocol = environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or environ.get(
             "OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"
