@@ -109,7 +109,8 @@ async def test_sends_outside_a_delivery_join_the_runs_trace(
     spans: InMemorySpanExporter, local_app: Callable[..., Workflows]
 ) -> None:
     """A hook resumed by the client (no span active) wakes a delivery in the run's trace:
-    the process knows the run's context and stamps it on the wake."""
+    the process knows the run's context, parents the resume's write on it and stamps it
+    on the wake."""
     app = local_app()
 
     @app.workflow
@@ -135,3 +136,9 @@ async def test_sends_outside_a_delivery_join_the_runs_trace(
     executes = _named(finished, names.WORKFLOW_EXECUTE)
     assert len(executes) >= 2
     assert {e.context.trace_id for e in executes} == {start.context.trace_id}
+    # The resume's own write (no span current at the call) is in the run's trace too.
+    (received,) = [
+        s for s in _named(finished, names.EVENTS_CREATE)
+        if (s.attributes or {}).get(names.EVENT_TYPE) == "hook_received"
+    ]  # fmt: skip
+    assert received.context.trace_id == start.context.trace_id

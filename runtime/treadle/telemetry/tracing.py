@@ -152,6 +152,16 @@ def stamp(message: Message) -> Message:
     return message.model_copy(update={"traceparent": carrier})
 
 
+def _run_context(run_id: AttributeValue | None) -> Context | None:
+    """The run's trace as a parent, when no span is current and this process knows it."""
+    if not isinstance(run_id, str) or trace.get_current_span().get_span_context().is_valid:
+        return None
+    known_run = parse_traceparent(known(run_id))
+    if known_run is None:
+        return None
+    return trace.set_span_in_context(trace.NonRecordingSpan(known_run))
+
+
 def _refusal(exc: BaseException) -> str | None:
     """The class name of a World refusal (a stale start, a superseded fence...): a
     decision of the World, not a failure of the call."""
@@ -169,6 +179,10 @@ def span(
 ) -> Iterator[Any]:
     """A child span of the current one (None and no span without tracing).
 
+    With no span current (a write or send outside any delivery: a hook resume, a
+    cancel), a span about a run this process knows (``attributes[workflow.run_id]``)
+    joins that run's trace instead of starting one of its own.
+
     A World refusal raised inside it is named on the span (``world.refusal``) and handed
     to ``on_refusal`` (a metric), with or without tracing; any other exception marks the
     span failed. The exception propagates either way."""
@@ -176,7 +190,11 @@ def span(
     if enabled():
         attrs = {k: v for k, v in (attributes or {}).items() if v is not None}
         manager = _tracer().start_as_current_span(
-            name, attributes=attrs, record_exception=False, set_status_on_exception=False
+            name,
+            context=_run_context(attrs.get(names.RUN_ID)),
+            attributes=attrs,
+            record_exception=False,
+            set_status_on_exception=False,
         )
     with manager as current:
         try:
