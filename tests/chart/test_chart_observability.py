@@ -93,3 +93,19 @@ def test_the_schema_takes_the_switches_as_booleans_only(key: str) -> None:
     with pytest.raises(jsonschema.ValidationError) as refused:
         jsonschema.validate(render.chart_values(CHART, bad), _schema())
     assert key in str(list(refused.value.path))
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_the_operator_logs_in_the_format_asked(fmt: str) -> None:
+    values = render.chart_values(CHART, {"logFormat": fmt})
+    jsonschema.validate(values, _schema())
+    (deployment,) = _by_kind({"logFormat": fmt})["Deployment"]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["TREADLE_LOG_FORMAT"] == fmt
+
+
+def test_the_schema_refuses_another_log_format() -> None:
+    with pytest.raises(jsonschema.ValidationError) as refused:
+        jsonschema.validate(render.chart_values(CHART, {"logFormat": "yaml"}), _schema())
+    assert "yaml" in refused.value.message
