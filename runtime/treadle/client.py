@@ -17,6 +17,7 @@ from typing import Any, ParamSpec, TypeVar, overload
 
 from pydantic import BaseModel, JsonValue
 
+import treadle.telemetry.hooks as telemetry_hooks
 from treadle import clock, errors, hookresume, hooktokens, limits, payloads, serde, settings
 from treadle.orchestrator import compat
 from treadle.orchestrator.runtime import Runtime
@@ -123,6 +124,7 @@ class Run:
         return len(asked)
 
 
+@telemetry_hooks.run_start
 async def start_run(
     world: contract.World,
     *,
@@ -344,6 +346,7 @@ class Workflows:
                     if opener is not None:
                         await opener()
                     self._world = self._world_arg
+                telemetry_hooks.instrument(self._world)  # spans, metrics, trace context: if on
                 wants = self._want_worker
                 if wants is None:
                     # An embedded World has no separate worker: the app serves its runs.

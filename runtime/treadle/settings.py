@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -169,6 +169,19 @@ class Settings(BaseSettings):
     TREADLE_PAYLOAD_KEY_FILE: str | None = Field(
         default=None,
         description="A file holding TREADLE_PAYLOAD_KEY (a mounted secret), one key a line.",
+    )
+    # Observability (treadle.telemetry, treadle.metrics; docs/observability.md).
+    TREADLE_LOG_FORMAT: Literal["text", "json"] = Field(
+        default="text",
+        description="json: one JSON object per log line (time, level, logger, message, "
+        "run_id, step, trace_id, span_id).",
+    )
+    TREADLE_WORKER_METRICS_PORT: int | None = Field(
+        default=None,
+        ge=0,
+        le=65535,
+        description="`treadle worker` serves Prometheus /metrics on this port (unset: off; "
+        "--metrics-port wins).",
     )
 
     def payload_keys(self) -> str | None:

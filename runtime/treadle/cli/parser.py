@@ -77,6 +77,15 @@ def build_parser() -> Parser:
         metavar="S",
         help="on stop, let running deliveries finish for S seconds (default 30)",
     )
+    worker.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="PORT",
+        help="serve Prometheus metrics at http://HOST:PORT/metrics (default: off)",
+    )
+    worker.add_argument(
+        "--metrics-host", default="0.0.0.0", metavar="HOST", help="(default 0.0.0.0)"
+    )
     worker.set_defaults(handler=execute.cmd_worker)
 
     start = commands.add_parser(

@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import signal
 
+from treadle import telemetry
 from treadle.cli import common, output
 
 
@@ -46,6 +47,8 @@ async def cmd_serve(args: argparse.Namespace) -> int:
         )
     host = args.host or configured.TREADLE_SERVE_HOST
     port = configured.TREADLE_SERVE_PORT if args.port is None else args.port
+    # Before the World opens: its writes are counted (/metrics) and traced (OTEL_*).
+    telemetry.configure(service_name="treadle-serve", metrics=True)
     client = common.client()
     loop = asyncio.get_running_loop()
     server: serve_app.Server | None = None

@@ -26,7 +26,7 @@ import asyncio
 import logging
 from typing import Any
 
-from treadle import clock, errors, serde
+from treadle import clock, errors, serde, telemetry
 from treadle.orchestrator import compat, decisions, hookwrites, pinning, polling, steps
 from treadle.orchestrator.inline import InlineSteps, check_lease
 from treadle.orchestrator.runtime import Runtime
@@ -144,6 +144,7 @@ class OrchestratorDelivery:
         if not await self._load():
             return messages.ACK
         state = self.session.state
+        telemetry.describe_run(state.workflow_name, state.spec_version)  # on the span
         if state.terminal is not None:
             return messages.ACK
         if state.deployment_id not in (None, self.rt.deployment_id):
@@ -570,6 +571,7 @@ class OrchestratorDelivery:
             )
             for r in resends
         ]
+        telemetry.reenqueued(len(sends), recovery=self.message.recovery)  # seed 003 attrs
         if sends:
             log.debug("run %s: re-sending %d step messages", self.run_id, len(sends))
             await self.session.send(sends)

@@ -31,6 +31,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
+import treadle.serve.metricsroute as metricsroute
 from treadle import errors
 from treadle.serve import api, http, inspector, webhooks
 from treadle.serve.auth import Authenticator, AuthMiddleware, RedactingFilter, redact_path
@@ -92,6 +93,7 @@ def create_app(ctx: ServeContext) -> Starlette:
     routes += webhooks.routes(ctx)
     routes += api.routes(ctx)
     routes += inspector.routes(ctx)
+    routes += metricsroute.routes(ctx)
     middleware: list[Middleware] = []
     origins = ctx.serve.cors_origins
     if origins:
