@@ -136,6 +136,7 @@ async def reconcile(state: State, body: dict[str, Any]) -> None:
         for r in status.revisions
         if r.phase != "Retired"
     }
+    metrics.world_load(namespace, name, sum(o.active_runs for o in observed.values()))
     plan = revisions.plan(
         namespace=namespace,
         name=name,

@@ -32,6 +32,7 @@ LABEL_REVISION = "treadle.dev/revision"
 LABEL_ROLE = "treadle.dev/role"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "treadle-operator"}
 CHECKSUM_ANNOTATION = "treadle.dev/world-secret-checksum"
+WORKER_METRICS_PORT = 9464  # the worker's /metrics (treadle.metrics.server)
 # The World URLs' files in the Secret volume (``transport.MOUNT_PATH``).
 DATABASE_URL_FILE = "database-url"
 NATS_URL_FILE = "nats-url"
@@ -79,6 +80,9 @@ def operator_env(
     return [
         {"name": "TREADLE_WORLD", "value": "postgres"},
         {"name": "TREADLE_DEPLOYMENT_ID", "value": revision},
+        # /metrics on this port (the chart's PodMonitor scrapes the port named `metrics`);
+        # an env var, not an argument, so an older revision's image just ignores it.
+        {"name": "TREADLE_WORKER_METRICS_PORT", "value": str(WORKER_METRICS_PORT)},
         {"name": "TREADLE_DATABASE_URL_FILE", "value": f"{MOUNT}/{DATABASE_URL_FILE}"},
         {"name": "TREADLE_NATS_URL_FILE", "value": f"{MOUNT}/{NATS_URL_FILE}"},
         {  # payload encryption at rest, when the World Secret carries keys
@@ -147,6 +151,7 @@ def worker_deployment(
             str(tier.concurrency),
         ],
         "env": worker_env(spec, revision, transport_keys),
+        "ports": [{"name": "metrics", "containerPort": WORKER_METRICS_PORT, "protocol": "TCP"}],
         "securityContext": podsecurity.container_security(spec),
         "volumeMounts": [{"name": podsecurity.TMP_VOLUME, "mountPath": podsecurity.TMP_PATH}],
     }

@@ -14,6 +14,8 @@ Who records what:
   (``timed``: ``RECONCILE_SECONDS``, and ``RECONCILE_ERRORS`` for one that raised);
 - ``deployments.reconcile`` records whether each WorkflowDeployment's World was
   reachable (``WORLD_REACHABLE``, 1 or 0), which ``probes`` also reads for readiness;
+- ``deployments.reconcile`` also records the runs not ended on each WorkflowDeployment's
+  live revisions (``ACTIVE_RUNS``, from the ``runs.count`` it makes anyway);
 - ``signals`` counts WorkflowSignals handled (``SIGNALS``, by action and phase) and
   those seen again already handled (``SIGNALS_ALREADY_HANDLED``);
 - ``TRACKED_RUNS`` is read at scrape time from the status sync.
@@ -141,6 +143,11 @@ WORLD_REACHABLE = Gauge(
     "treadle_operator_world_reachable",
     "1 when the last reconcile of a WorkflowDeployment reached its World, else 0.",
 )
+ACTIVE_RUNS = Gauge(
+    "treadle_operator_active_runs",
+    "Runs not ended (pending or running) on a WorkflowDeployment's live revisions, as of "
+    "its last reconcile (runs.count).",
+)
 SIGNALS = Counter("treadle_operator_signals_total", "WorkflowSignals handled, by action and phase.")
 SIGNALS_ALREADY_HANDLED = Counter(
     "treadle_operator_signals_already_handled_total",
@@ -154,6 +161,7 @@ ALL: tuple[Metric, ...] = (
     RECONCILE_SECONDS,
     RECONCILE_ERRORS,
     WORLD_REACHABLE,
+    ACTIVE_RUNS,
     SIGNALS,
     SIGNALS_ALREADY_HANDLED,
 )
@@ -198,6 +206,12 @@ def world_reachable(namespace: str, deployment: str, reachable: bool) -> None:
     WORLD_REACHABLE.set(1.0 if reachable else 0.0, namespace=namespace, deployment=deployment)
 
 
+def world_load(namespace: str, deployment: str, active_runs: int) -> None:
+    """The runs a WorkflowDeployment's reconcile counted on its World (issue 13 item 4)."""
+    ACTIVE_RUNS.set(float(active_runs), namespace=namespace, deployment=deployment)
+
+
 def forget_deployment(namespace: str, deployment: str) -> None:
     WORLD_REACHABLE.remove(namespace=namespace, deployment=deployment)
+    ACTIVE_RUNS.remove(namespace=namespace, deployment=deployment)
     RECONCILED.discard((namespace, deployment))

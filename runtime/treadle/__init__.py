@@ -40,7 +40,9 @@ from treadle.sdk.determinism import random, uuid4
 from treadle.sdk.hooks import Hook, HookHandle, create_hook
 from treadle.sdk.logging import workflow_logger
 from treadle.sdk.timing import now, sleep
+from treadle.sdk.webhooks import WebhookHandle, create_webhook
 from treadle.serde_registry import register_types
+from treadle.webhookspec import HmacSignature, StripeSignature, WebhookRequest, WebhookResponse
 
 __version__ = "0.1.0"
 
@@ -54,6 +56,7 @@ __all__ = [
     "HookConflictError",
     "HookSignatureInvalid",
     "HookHandle",
+    "HmacSignature",
     "NonDeterministicCall",
     "RetryableError",
     "Run",
@@ -62,11 +65,16 @@ __all__ = [
     "SerializationError",
     "StepFailed",
     "StepMetadata",
+    "StripeSignature",
     "TreadleError",
+    "WebhookHandle",
+    "WebhookRequest",
+    "WebhookResponse",
     "WorkflowMetadata",
     "Workflows",
     "__version__",
     "create_hook",
+    "create_webhook",
     "hook_signature",
     "now",
     "random",

@@ -17,6 +17,7 @@ from typing import Any, ParamSpec, TypeVar, overload
 
 from pydantic import BaseModel, JsonValue
 
+import treadle.telemetry.hooks as telemetry_hooks
 from treadle import clock, errors, hookresume, hooktokens, limits, payloads, serde, settings
 from treadle import runwrites as out_of_band
 from treadle.orchestrator import compat
@@ -116,6 +117,7 @@ class Run:
         return await out_of_band.wake_up(world, run, await self.events(), waits)
 
 
+@telemetry_hooks.run_start
 async def start_run(
     world: contract.World,
     *,
@@ -351,6 +353,7 @@ class Workflows:
                     if opener is not None:
                         await opener()
                     self._world = self._world_arg
+                telemetry_hooks.instrument(self._world)  # spans, metrics, trace context: if on
                 wants = self._want_worker
                 if wants is None:
                     # An embedded World has no separate worker: the app serves its runs.
@@ -488,6 +491,13 @@ class Workflows:
         except errors.HookNotFound:
             raise errors.HookNotFound(token) from None
         hooktokens.check_signature(token, hook.metadata, signature, self._hook_key())
+        return await self.resume_found_hook(token, hook, payload)
+
+    async def resume_found_hook(self, token: str, hook: records.HookRecord, payload: Any) -> Run:
+        """``resume_hook``'s writes, for a live hook the caller looked up and checked
+        itself (``treadle serve``'s webhooks verify their own signatures first). The
+        same refusals as ``resume_hook``."""
+        world = await self.world()
         compat.require_known_format(await world.runs.get(hook.run_id))
         self.use_payload_keys()
         data = serde.encode(

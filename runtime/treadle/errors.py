@@ -6,8 +6,10 @@ its message names them too::
 
     TreadleError
     ├── SettingsError                 a bad setting value (names the setting)
+    │   └── WebhookSecretMissing      serve lacks the variable a webhook's signature names
     ├── SerializationError            a value cannot cross the event log (names where)
     │   ├── ValueLimitExceeded        over a limit of ``treadle.limits`` (names the setting)
+    │   │   └── WebhookBodyTooLarge   a webhook call's body over TREADLE_WEBHOOK_MAX_BODY_BYTES
     │   ├── PayloadKeyMissing         an encrypted value's key id is not held here
     │   └── PayloadDecryptionFailed   an encrypted value does not authenticate
     ├── WorkflowError                 about workflow or step code and its runs
@@ -24,6 +26,10 @@ its message names them too::
     │   └── RunCancelledError         ``run.result()`` of a run that was cancelled
     ├── HookWakeFailed                resume_hook recorded the payload but could not wake the run
     ├── HookSignatureInvalid          resume_hook without the signature its hook requires; no write
+    │   └── WebhookSignatureInvalid   a webhook call's HMAC signature is missing, wrong or stale
+    ├── WebhookRequestInvalid         a webhook call's body cannot be read (bad JSON, media type)
+    ├── WebhookSpecUnreadable         a webhook's stored options are not readable here (newer?)
+    ├── RequestRefused                treadle serve answers a request with a 4xx JSON error
     └── WorldError                    the World refused or failed an operation
         ├── InBandSuperseded          fence: a stale expected_seq_in_band; nothing written
         ├── WorldContractError        the caller broke the World contract (a bug, not load)
@@ -37,6 +43,7 @@ its message names them too::
         ├── EntityAlreadyCreated      a second creation of a step, wait, hook or the run's start
         ├── StepNotFound              no step with that id in the run
         ├── HookNotFound              no live hook with that token
+        │   └── WebhookAlreadyReceived    the webhook's hook took its payload already (409)
         ├── EarlierItemRefused        a batch item whose correlation id had an earlier refusal
         ├── OutcomeLost               a batch item missing from the log its lost answer committed
         ├── MessageTooLarge           a queue message over the size limit
@@ -592,3 +599,110 @@ class ReadTimedOut(StorageUnavailable):
         self.what = what
         self.attempts = attempts
         self.waited_ms = waited_ms
+
+
+# -- webhooks (issue 13 item 1: treadle.serve.webhooks, treadle.webhooksig) ---------------
+# Their messages name the run and the token's first characters only: a webhook's token
+# is the secret part of its URL, and log lines travel further than the URL should.
+
+
+def shown_token(token: str) -> str:
+    """A webhook token as log lines and messages show it: its first characters."""
+    return token[:7] + "..." if len(token) > 7 else token
+
+
+class WebhookSecretMissing(SettingsError):
+    """A webhook asks for a signature whose secret ``treadle serve`` does not hold: the
+    environment variable ``secret_env`` is unset or empty where serve runs."""
+
+    def __init__(self, secret_env: str, *, run_id: str) -> None:
+        super().__init__(
+            f"run {run_id}: the webhook's signature secret is read from {secret_env}, "
+            "which is not set where treadle serve runs; nothing was recorded"
+        )
+        self.secret_env = secret_env
+        self.run_id = run_id
+
+
+class WebhookBodyTooLarge(ValueLimitExceeded):
+    """A webhook call's body over ``TREADLE_WEBHOOK_MAX_BODY_BYTES``; refused (413)
+    before anything is recorded, from Content-Length or while the body streams in."""
+
+    def __init__(self, *, run_id: str, limit: int, size: int | None = None) -> None:
+        seen = f"{size} bytes" if size is not None else "more"
+        super().__init__(
+            f"webhook of run {run_id}",
+            f"the body is {seen}, over the limit of {limit} bytes "
+            "(TREADLE_WEBHOOK_MAX_BODY_BYTES); nothing was recorded",
+            setting="TREADLE_WEBHOOK_MAX_BODY_BYTES",
+            limit=limit,
+        )
+        self.run_id = run_id
+        self.size = size
+
+
+class WebhookSignatureInvalid(HookSignatureInvalid):
+    """A webhook call whose HMAC signature (``HmacSignature``/``StripeSignature``) is
+    missing, malformed, wrong, or (Stripe style) outside its timestamp tolerance.
+    Refused (401) before anything is recorded; ``reason`` names the problem."""
+
+    def __init__(self, token: str, reason: str, *, run_id: str, header: str) -> None:
+        super().__init__(token, reason)
+        self.args = (
+            f"webhook of run {run_id} ({shown_token(token)}) refused: {reason}; "
+            "nothing was recorded",
+        )
+        self.run_id = run_id
+        self.header = header
+
+
+class WebhookRequestInvalid(TreadleError):
+    """A webhook call whose body cannot become a ``WebhookRequest`` (JSON that does not
+    parse, a form that is not UTF-8, a media type serve cannot read); ``status`` is
+    the HTTP answer (400 or 415). Nothing was recorded."""
+
+    def __init__(self, reason: str, *, run_id: str, status: int = 400) -> None:
+        super().__init__(f"webhook of run {run_id}: {reason}; nothing was recorded")
+        self.reason = reason
+        self.run_id = run_id
+        self.status = status
+
+
+class WebhookSpecUnreadable(TreadleError):
+    """A webhook's stored options (response, signature scheme) do not read here: made
+    by a newer treadle (an unknown signature scheme), or damaged. serve refuses the
+    call (500) rather than accept it unverified; nothing is recorded."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(
+            f"the webhook's stored options cannot be read by this treadle ({reason}); "
+            "upgrade treadle serve; nothing was recorded"
+        )
+        self.reason = reason
+
+
+class WebhookAlreadyReceived(HookNotFound):
+    """The webhook's hook took a payload already (its run's log holds ``hook_received``
+    for it): a second call is a conflict (409), never a second payload."""
+
+    def __init__(self, token: str, *, run_id: str) -> None:
+        super().__init__(token, run_id=run_id)
+        self.args = (
+            f"the webhook ({shown_token(token)}) of run {run_id} took its payload already; "
+            "nothing was recorded",
+        )
+
+
+class RequestRefused(TreadleError):
+    """``treadle serve`` refuses an HTTP request: ``status`` (a 4xx), a stable ``code``
+    (``"unauthorized"``, ``"run_not_found"``...) and the message naming the problem.
+
+    Answered as ``{"error": {"code": ..., "message": ...}}`` by ``treadle.serve.app``;
+    raised by the serve routes and its auth (issue 13, "Bad input").
+    """
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message

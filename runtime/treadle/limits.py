@@ -54,6 +54,8 @@ class Limits:
     # Not a limit, but read where the limits are (the worker's settings, per handler):
     # TREADLE_HOOK_TOKEN_NAMESPACE, the prefix of stored hook tokens (``hooktokens``).
     hook_token_namespace: str | None = None
+    # Nor this: TREADLE_PUBLIC_URL, the base of create_webhook() URLs (``webhookspec``).
+    public_url: str | None = None
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Limits:
@@ -62,6 +64,7 @@ class Limits:
             max_value_bytes=settings.TREADLE_MAX_VALUE_BYTES,
             max_hook_token_bytes=settings.TREADLE_MAX_HOOK_TOKEN_BYTES,
             hook_token_namespace=settings.TREADLE_HOOK_TOKEN_NAMESPACE,
+            public_url=settings.TREADLE_PUBLIC_URL,
         )
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -145,6 +145,19 @@ class Settings(BaseSettings):
     TREADLE_HOOK_KEY_FILE: str | None = Field(
         default=None, description="A file holding TREADLE_HOOK_KEY (a mounted secret)."
     )
+    # Webhooks (issue 13 item 1: treadle.sdk.webhooks, treadle.serve.webhooks).
+    TREADLE_PUBLIC_URL: str | None = Field(
+        default=None,
+        description="Where callers reach treadle serve (https://host[:port][/prefix]): "
+        "create_webhook() URLs are this + /hooks/<run id>.<token> (set it on workers).",
+    )
+    TREADLE_WEBHOOK_MAX_BODY_BYTES: int = Field(
+        default=1024 * 1024,
+        ge=1,
+        le=limits.MAX_MAX_VALUE_BYTES,
+        description="Largest webhook call body treadle serve takes (413 above, from "
+        "Content-Length or while it streams, before anything is recorded).",
+    )
     TREADLE_QUEUE_MAX_FAILED_DELIVERIES: int = Field(
         default=64,
         ge=1,
@@ -182,6 +195,19 @@ class Settings(BaseSettings):
     TREADLE_PAYLOAD_KEY_FILE: str | None = Field(
         default=None,
         description="A file holding TREADLE_PAYLOAD_KEY (a mounted secret), one key a line.",
+    )
+    # Observability (treadle.telemetry, treadle.metrics; docs/observability.md).
+    TREADLE_LOG_FORMAT: Literal["text", "json"] = Field(
+        default="text",
+        description="json: one JSON object per log line (time, level, logger, message, "
+        "run_id, step, trace_id, span_id).",
+    )
+    TREADLE_WORKER_METRICS_PORT: int | None = Field(
+        default=None,
+        ge=0,
+        le=65535,
+        description="`treadle worker` serves Prometheus /metrics on this port (unset: off; "
+        "--metrics-port wins).",
     )
 
     def payload_keys(self) -> str | None:
@@ -281,6 +307,15 @@ class Settings(BaseSettings):
     @classmethod
     def _clamp_lease(cls, value: object) -> float:
         return specsettings.lease_seconds(value)
+
+    @field_validator("TREADLE_PUBLIC_URL")
+    @classmethod
+    def _public_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        if not value.startswith(("http://", "https://")) or any(c in value for c in "?# "):
+            raise ValueError("must be an http:// or https:// URL without a query or fragment")
+        return value.rstrip("/")
 
     @field_validator("WORKFLOW_MAX_INLINE_STEPS")
     @classmethod

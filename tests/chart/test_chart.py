@@ -349,6 +349,7 @@ def _helm(*argv: str) -> subprocess.CompletedProcess[str]:
         {"worldHosts": ["db.internal"]},
         {"extraEnv": [{"name": "A", "value": "1"}], "priorityClassName": "high"},
         {"rbac": {"userRoles": False}},
+        {"serve": {"enabled": True, "auth": {"secretName": "serve-tokens"}}},
     ],
     ids=[
         "defaults",
@@ -359,6 +360,7 @@ def _helm(*argv: str) -> subprocess.CompletedProcess[str]:
         "world-hosts",
         "extra-env",
         "no-user-roles",
+        "serve",
     ],
 )
 def test_helm_lint_and_template_agree_with_the_renderer(

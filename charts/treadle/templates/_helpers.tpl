@@ -97,3 +97,18 @@ name only (rbac.worldSecretNames).
 {{- define "treadle.worldHosts" -}}
 {{- range .Values.worldHosts }}{{ . }},{{ end }}
 {{- end }}
+
+{{/* Labels that select treadle serve's pods (templates/serve.yaml); never change them. */}}
+{{- define "treadle.serveSelectorLabels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: serve
+{{- end }}
+
+{{/* Labels on treadle serve's objects. */}}
+{{- define "treadle.serveLabels" -}}
+{{ include "treadle.serveSelectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/part-of: treadle
+app.kubernetes.io/managed-by: Helm
+{{- end }}

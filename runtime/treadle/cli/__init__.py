@@ -18,6 +18,7 @@ from typing import Any
 from treadle import errors
 from treadle.cli import common, output
 from treadle.cli.parser import build_parser
+from treadle.telemetry import logs
 
 __all__ = ["main"]
 
@@ -44,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else common.USAGE
     handler: Callable[..., Coroutine[Any, Any, int]] = args.handler
     try:
+        logs.configure_logging()  # TREADLE_LOG_FORMAT=json: one JSON object per log line
         return asyncio.run(handler(args))
     except common.UsageError as exc:
         output.error_line(str(exc))

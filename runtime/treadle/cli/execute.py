@@ -9,10 +9,11 @@ import signal
 import time
 from collections import Counter
 
-from treadle import errors, payloads
+from treadle import errors, payloads, telemetry
 from treadle.cli import common, output
 from treadle.cli.targets import load_app, load_target
 from treadle.client import Workflows
+from treadle.metrics import server as metricsserver
 from treadle.sdk import functions
 from treadle.world import contract, events, records
 
@@ -115,6 +116,7 @@ async def cmd_run(args: argparse.Namespace) -> int:
             f"--timeout must be a positive number of seconds, not {args.timeout}"
         )
     common.use_world(args.world)
+    telemetry.configure(service_name="treadle-run")  # spans if OTEL_* asks for them
     target = load_target(args.target)
     call_args, call_kwargs = common.parse_input(args.input)
     common.check_arguments(target.workflow, call_args, call_kwargs)
@@ -174,6 +176,7 @@ async def cmd_run(args: argparse.Namespace) -> int:
 async def cmd_start(args: argparse.Namespace) -> int:
     """Record a run and queue its start; a worker on this World executes it."""
     common.use_world(args.world)
+    telemetry.configure(service_name="treadle-start")  # the run's trace starts here
     target = load_target(args.target)
     call_args, call_kwargs = common.parse_input(args.input)
     common.check_arguments(target.workflow, call_args, call_kwargs)
@@ -197,14 +200,25 @@ async def cmd_worker(args: argparse.Namespace) -> int:
         raise common.UsageError(f"--concurrency must be at least 1, not {args.concurrency}")
     if args.grace < 0:
         raise common.UsageError(f"--grace must be 0 or more seconds, not {args.grace}")
+    if args.metrics_port is not None and not 0 <= args.metrics_port <= 65535:
+        raise common.UsageError(f"--metrics-port must be 0..65535, not {args.metrics_port}")
     common.use_world(args.world)
+    metrics_port = metricsserver.worker_port(args.metrics_port)
+    telemetry.configure(service_name="treadle-worker", metrics=metrics_port is not None)
     app, where = load_app(args.module)
+    metrics_server: metricsserver.MetricsServer | None = None
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
     try:
         await app.serve(role=args.role, concurrency=args.concurrency)
+        metrics_server = await metricsserver.start_for_worker(
+            await app.world(),
+            deployment_id=app.settings.TREADLE_DEPLOYMENT_ID,
+            port=metrics_port,
+            host=args.metrics_host,
+        )
         names = ", ".join(sorted(app.workflows)) or "no workflows"
         output.err(
             f"treadle worker: serving {names} from {where} on {app.settings.TREADLE_WORLD} "
@@ -215,5 +229,7 @@ async def cmd_worker(args: argparse.Namespace) -> int:
     finally:
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(signum)
+        if metrics_server is not None:
+            await metrics_server.close()
         await app.close(grace_seconds=args.grace)
     return common.OK

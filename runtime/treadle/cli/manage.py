@@ -243,6 +243,26 @@ def _allowed(field: Any) -> str | None:
     return allowed if isinstance(allowed, str) else None
 
 
+def _serve_rows() -> list[dict[str, Any]]:
+    """``treadle serve``'s own settings (``TREADLE_SERVE_*``), when its extra is installed."""
+    try:
+        from treadle.serve import settings as serve_settings
+    except ImportError:
+        return []
+    current = serve_settings.load()
+    return [
+        {
+            "name": name,
+            "default": _default(field),
+            "value": getattr(current, name),
+            "from_environment": bool(os.environ.get(name, "").strip()),
+            "description": field.description or "",
+            "allowed": _allowed(field),
+        }
+        for name, field in serve_settings.ServeSettings.model_fields.items()
+    ]
+
+
 async def cmd_settings(args: argparse.Namespace) -> int:
     current = common.use_world(args.world)
     rows: list[dict[str, Any]] = []
@@ -257,6 +277,7 @@ async def cmd_settings(args: argparse.Namespace) -> int:
                 "allowed": _allowed(field),
             }
         )
+    rows += _serve_rows()
     if args.json:
         output.emit_json(rows)
         return common.OK

@@ -7,7 +7,7 @@ import sys
 from typing import NoReturn, get_args
 
 from treadle import __version__
-from treadle.cli import execute, kube, manage
+from treadle.cli import execute, kube, manage, serving
 from treadle.world import records
 
 TARGET_HELP = "path/to/file.py:WORKFLOW or package.module:WORKFLOW"
@@ -76,6 +76,15 @@ def build_parser() -> Parser:
         default=30.0,
         metavar="S",
         help="on stop, let running deliveries finish for S seconds (default 30)",
+    )
+    worker.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="PORT",
+        help="serve Prometheus metrics at http://HOST:PORT/metrics (default: off)",
+    )
+    worker.add_argument(
+        "--metrics-host", default="0.0.0.0", metavar="HOST", help="(default 0.0.0.0)"
     )
     worker.set_defaults(handler=execute.cmd_worker)
 
@@ -198,6 +207,29 @@ def build_parser() -> Parser:
         help="serve only this namespace (repeatable; default: every namespace)",
     )
     operator.set_defaults(handler=kube.cmd_operator)
+
+    serve = commands.add_parser(
+        "serve",
+        parents=[_common(json_output=False)],
+        help="serve the HTTP API, webhooks and the inspector page (needs the serve extra)",
+        description="One HTTP server over the World: the JSON API, webhooks and the "
+        "inspector (docs/serve.md). Needs TREADLE_SERVE_TOKEN, TREADLE_SERVE_READONLY_TOKEN "
+        "or TREADLE_SERVE_TRUSTED_HEADER, or --insecure-no-auth. SIGINT or SIGTERM stops it.",
+    )
+    serve.add_argument("--host", metavar="ADDR", help="default: $TREADLE_SERVE_HOST or 127.0.0.1")
+    serve.add_argument(
+        "--port", type=int, metavar="N", help="default: $TREADLE_SERVE_PORT or 8080 (0: any)"
+    )
+    serve.add_argument(
+        "--insecure-no-auth",
+        action="store_true",
+        help="serve without any credentials (only where you alone can reach it)",
+    )
+    serve.add_argument(
+        "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
+    )
+    serve.add_argument("--access-log", action="store_true", help="log every request")
+    serve.set_defaults(handler=serving.cmd_serve)
 
     crds = commands.add_parser(
         "crds",

@@ -26,7 +26,7 @@ import asyncio
 import logging
 from typing import Any
 
-from treadle import clock, errors, serde
+from treadle import clock, errors, serde, telemetry
 from treadle.orchestrator import compat, decisions, hookwrites, pinning, polling, steps
 from treadle.orchestrator import specrouting as by_spec
 from treadle.orchestrator.inline import InlineSteps, check_lease
@@ -145,6 +145,7 @@ class OrchestratorDelivery:
         if not await self._load():
             return messages.ACK
         state = self.session.state
+        telemetry.describe_run(state.workflow_name, state.spec_version)  # on the span
         if state.terminal is not None:
             return messages.ACK
         if by_spec.hands_off(state.spec_version, specversions.Family.SPEC9):
@@ -579,6 +580,7 @@ class OrchestratorDelivery:
             )
             for r in resends
         ]
+        telemetry.reenqueued(len(sends), recovery=self.message.recovery)  # seed 003 attrs
         if sends:
             log.debug("run %s: re-sending %d step messages", self.run_id, len(sends))
             await self.session.send(sends)

@@ -33,6 +33,7 @@ from pydantic import JsonValue
 from treadle import clock, errors, limits, serde
 from treadle.orchestrator.runtime import Runtime
 from treadle.sdk import context, functions
+from treadle.telemetry import hooks as telemetry_hooks
 from treadle.world import constants, events, messages
 
 log = logging.getLogger("treadle.orchestrator.steps")
@@ -64,6 +65,7 @@ def error_info(exc: BaseException) -> events.ErrorInfo:
     )
 
 
+@telemetry_hooks.step_attempt
 async def execute(
     rt: Runtime,
     *,

@@ -454,6 +454,15 @@ class Replay:
                 op.conflict_holder = conflict.holder_run_id
         return op
 
+    def recorded_hook_metadata(self, op: operations.HookWait) -> JsonValue:
+        """The metadata the log recorded for ``op``'s hook (None before it is recorded):
+        a webhook's URL is taken from there on replay, like its token."""
+        recorded = self._recorded.get(op.position)
+        if recorded is None or recorded.kind != "hook":
+            return None
+        event = self._fed[recorded.slot - 1].event
+        return event.metadata if isinstance(event, events.HookCreated) else None
+
     def dispose_hook(self, op: operations.HookWait) -> None:
         op.dispose_requested = True
         self._dispose_requested.append(op)

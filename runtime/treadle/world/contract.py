@@ -346,6 +346,11 @@ class Deployments(Protocol):
 
     async def latest(self) -> str | None: ...
 
+    async def list(self, *, limit: int = 1000) -> list[records.DeploymentRecord]:
+        """Every deployment the World has seen, the most recently registered first, up
+        to ``limit`` (``treadle serve``'s deployments page); retired ones included."""
+        ...
+
     async def retire(self, deployment_id: str) -> None: ...
 
     async def promote(self, deployment_id: str) -> None:

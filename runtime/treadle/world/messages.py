@@ -30,7 +30,15 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Annotated, Literal, TypeAlias
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue, TypeAdapter
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    JsonValue,
+    TypeAdapter,
+)
 
 from treadle.world import constants
 
@@ -81,6 +89,19 @@ DeploymentId: TypeAlias = Annotated[
     str, Field(min_length=1, max_length=MAX_DEPLOYMENT_ID_CHARS), AfterValidator(_printable)
 ]
 SpecVersion: TypeAlias = Annotated[int, Field(ge=1, le=MAX_SPEC_VERSION)]
+_TRACEPARENT = re.compile(r"[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
+
+
+def _traceparent(value: object) -> str | None:
+    """A W3C ``traceparent`` of its shape (version, 32-hex trace id, 16-hex span id,
+    flags), else None: a trace context is a hint for tracing only, so a malformed one is
+    dropped at the boundary rather than dead-lettering the message it rides on."""
+    if isinstance(value, str) and _TRACEPARENT.fullmatch(value) and value[:2] != "ff":
+        return value
+    return None
+
+
+Traceparent: TypeAlias = Annotated[str | None, BeforeValidator(_traceparent)]
 Millis: TypeAlias = Annotated[int, Field(ge=0, lt=1 << 48)]
 
 
@@ -90,6 +111,9 @@ class _Message(BaseModel):
 
     run_id: RunId
     deployment_id: DeploymentId | None = None
+    # The run's W3C trace context (``treadle.telemetry``): set at start, copied onto every
+    # message a delivery sends. Only a well-formed one is kept (see ``_traceparent``).
+    traceparent: Traceparent = None
 
 
 class RunInput(BaseModel):
@@ -251,6 +275,8 @@ class DeliveryMeta:
     # Set by the queue once it knows this delivery's lease lapsed (its message may be
     # with another delivery now): the handler must stop at once, writing nothing more.
     lease_lost: asyncio.Event | None = field(default=None, compare=False)
+    # When the message came due (epoch ms), where the queue knows it: the queue lag metric.
+    due_at_ms: int | None = None
 
     def lost_lease(self) -> bool:
         return self.lease_lost is not None and self.lease_lost.is_set()

@@ -210,12 +210,14 @@ async def deliver_with_reruns(
     settle: Settle,
     stopped: Callable[[], bool] = lambda: False,
     carried: int = 0,
+    due_at_ms: int | None = None,
 ) -> None:
     """Run one delivery: call the handler, settle its answer (``settle(outcome, covered)``),
     and re-run it in the same delivery while the queue says messages were coalesced into
     it; past ``MAX_COALESCED_RERUNS`` re-runs, hand the message off. ``stopped()`` ends it
     before a further call (a dead process). ``carried``: of the attempts, those only the
-    message's own headers vouch for (``DeliveryMeta.carried``)."""
+    message's own headers vouch for (``DeliveryMeta.carried``). ``due_at_ms``: when the
+    message came due, where the queue knows it (``DeliveryMeta.due_at_ms``)."""
     started_ms = clock.now_ms()
     attempt = max(1, delivery_count - handoffs)
     rerun = covered = 0
@@ -229,6 +231,7 @@ async def deliver_with_reruns(
             rerun=rerun,
             lease_lost=lease_lost,
             carried=min(carried, max(attempt - 1, 0)),
+            due_at_ms=due_at_ms,
         )
         outcome = await call_handler(handler, message, meta)
         settled = await settle(outcome, covered)

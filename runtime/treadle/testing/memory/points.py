@@ -45,6 +45,7 @@ POINTS: frozenset[str] = frozenset(
         "deployments.register",
         "deployments.get",
         "deployments.latest",
+        "deployments.list",
         "deployments.retire",
         "deployments.promote",
         "queue.send",

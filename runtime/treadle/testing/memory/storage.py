@@ -308,6 +308,11 @@ class MemoryDeployments(_Facade):
         latest = promoted[-1][1] if promoted else live[-1] if live else None
         return self._leave(fail, "deployments.latest", None, latest)
 
+    async def list(self, *, limit: int = 1000) -> list[records.DeploymentRecord]:
+        fail = await self._enter("deployments.list", None)
+        newest_first = list(reversed(self._backend.deployments.values()))[:limit]
+        return self._leave(fail, "deployments.list", None, [self._shown(d) for d in newest_first])
+
     async def retire(self, deployment_id: str) -> None:
         fail = await self._enter("deployments.retire", None)
         held = self._backend.deployments.get(deployment_id)

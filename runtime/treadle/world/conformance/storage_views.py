@@ -325,6 +325,24 @@ class StorageViewsConformance:
             assert record.retired
             assert await world.deployments.get(support.unique("never")) is None
 
+    async def test_deployments_list_is_every_deployment_newest_registered_first(
+        self, harness: WorldHarness
+    ) -> None:
+        """list: each deployment once, the most recently registered first, retired ones
+        too (marked), up to its limit (treadle serve's deployments page)."""
+        first, second, third = (support.unique(n) for n in ("one", "two", "three"))
+        async with support.opened(harness) as world:
+            for name in (first, second, third):
+                await world.deployments.register(name)
+            await world.deployments.register(first)  # a second registration moves nothing
+            await world.deployments.retire(second)
+            listed = [d for d in await world.deployments.list() if d.deployment_id in
+                      (first, second, third)]  # fmt: skip
+            assert [d.deployment_id for d in listed] == [third, second, first]
+            assert [d.retired for d in listed] == [False, True, False]
+            limited = await world.deployments.list(limit=1)
+            assert len(limited) == 1
+
     async def test_a_deployment_keeps_the_catalogue_its_workers_registered(
         self, harness: WorldHarness
     ) -> None:

@@ -152,6 +152,7 @@ class LocalConsumer:
                 key=leased.key,
                 lease_lost=lease_lost,
                 settle=functools.partial(self._settle, leased),
+                due_at_ms=leased.due_at_us // 1000 if leased.due_at_us is not None else None,
             )
         except asyncio.CancelledError:
             # Shutdown cut the delivery off: leave the message to be delivered again.

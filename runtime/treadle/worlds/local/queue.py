@@ -42,6 +42,8 @@ class Leased:
     delivery_count: int
     handoffs: int
     token: str
+    # When the message came due (wall-clock microseconds): the queue lag's start.
+    due_at_us: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,12 +157,12 @@ def claim(
         )
         # Payloads are read only for what is leased: the window is scanned for coalescing.
         due = conn.execute(
-            "SELECT message_id, kind, gate_run_id, idempotency_key, delivery_count, "
-            f"handoffs FROM queue_messages WHERE state = 'ready' AND available_at <= ? "
+            "SELECT message_id, kind, gate_run_id, idempotency_key, delivery_count, handoffs, "
+            f"available_at FROM queue_messages WHERE state = 'ready' AND available_at <= ? "
             f"AND kind IN ({kind_marks}) ORDER BY line LIMIT ?",
             (now, *kinds, capacity + 256),
         ).fetchall()
-        for message_id, kind, gate, key, delivery_count, handoffs in due:
+        for message_id, kind, gate, key, delivery_count, handoffs, due_at in due:
             if gate is not None and gate in holders:
                 conn.execute("DELETE FROM queue_messages WHERE message_id = ?", (message_id,))
                 conn.execute(
@@ -183,7 +185,17 @@ def claim(
             if gate is not None:
                 holders[gate] = message_id
             leased.append(
-                Leased(message_id, kind, payload, gate, key, delivery_count + 1, handoffs, token)
+                Leased(
+                    message_id,
+                    kind,
+                    payload,
+                    gate,
+                    key,
+                    delivery_count + 1,
+                    handoffs,
+                    token,
+                    due_at,
+                )
             )
         next_ready = conn.execute(
             f"SELECT MIN(available_at) FROM queue_messages WHERE state = 'ready' "

@@ -476,6 +476,16 @@ class LocalDeployments:
 
         return await self._db.call(query)
 
+    async def list(self, *, limit: int = 1000) -> list[records.DeploymentRecord]:
+        def query(conn: sqlite3.Connection) -> list[tuple[object, ...]]:
+            rows: list[tuple[object, ...]] = conn.execute(
+                f"SELECT {_DEPLOYMENT_COLUMNS} FROM deployments ORDER BY registered DESC LIMIT ?",
+                (limit,),
+            ).fetchall()
+            return rows
+
+        return [_deployment(row) for row in await self._db.call(query)]
+
     async def retire(self, deployment_id: str) -> None:
         def update(conn: sqlite3.Connection) -> None:
             with transaction(conn):

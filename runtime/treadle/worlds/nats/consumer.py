@@ -266,6 +266,7 @@ class NatsConsumer:
             lease_lost=d.lease_lost,
             settle=settle,
             carried=d.carried,
+            due_at_ms=_due_at_ms(d),
         )
 
     async def _settle(self, d: Delivery, outcome: queuerules.Outcome) -> None:
@@ -429,3 +430,12 @@ class NatsConsumer:
 async def _quietly(work: Awaitable[None]) -> None:
     with contextlib.suppress(Exception):
         await work
+
+
+def _due_at_ms(d: Delivery) -> int | None:
+    """When a first delivery's message came due: its stream time (a scheduled send is
+    stored when its schedule fires). Unknown for a redelivery (a nak's delay)."""
+    meta = d.msg.metadata
+    if meta.num_delivered != 1:
+        return None
+    return int(meta.timestamp.timestamp() * 1000)

@@ -334,6 +334,14 @@ class PostgresDeployments:
         )
         return None if row is None else str(row["deployment_id"])
 
+    async def list(self, *, limit: int = 1000) -> list[records.DeploymentRecord]:
+        found = await self._db.fetch(
+            f"SELECT {_DEPLOYMENT_COLUMNS} FROM treadle_deployments "
+            "ORDER BY registered DESC LIMIT $1",
+            limit,
+        )
+        return [_deployment(row) for row in found]
+
     async def retire(self, deployment_id: str) -> None:
         await self._db.fetch(
             "UPDATE treadle_deployments SET retired = true WHERE deployment_id = $1",
