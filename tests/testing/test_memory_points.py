@@ -57,6 +57,7 @@ async def test_every_point_is_awaited_with_its_run_id() -> None:
     await world.deployments.register("d")
     await world.deployments.get("d")
     await world.deployments.latest()
+    await world.deployments.list()
     await world.deployments.promote("d")
     await world.deployments.register("d2")
     await world.runs.repin(run_id, from_deployment="d", to_deployment="d2")

@@ -105,7 +105,7 @@ async def rerun(ctx: ServeContext, request: Request) -> tuple[int, models.RerunR
                 name=run.workflow_name,
                 data=run.input,
                 deployment_id=deployment,
-                spec_version=ctx.settings.spec_version,
+                spec_version=client.minted_spec_version(ctx.settings, ctx.world),
                 run_id=new_id,
                 attributes={"rerun_of": run.run_id},
                 limits_=ctx.client.limits,

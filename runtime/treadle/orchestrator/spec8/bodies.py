@@ -22,7 +22,7 @@ import asyncio
 import logging
 from typing import Any
 
-from treadle import clock, errors
+from treadle import clock, errors, telemetry
 from treadle.orchestrator import steps
 from treadle.orchestrator.runtime import Runtime, step_key
 from treadle.orchestrator.session import RunSession
@@ -140,6 +140,7 @@ class Bodies:
             log.info("run %s: owned recovery of step %s not started: %s", self.run_id, step_id, exc)
             return False
         self.owned_recoveries += 1
+        telemetry.add_to_current(telemetry.names.INLINE_OWNED_RECOVERY_STEPS, 1)
         log.warning(
             "run %s: owned recovery: re-running inline step %s (attempt %d) that an earlier "
             "delivery of message %s left mid-body",

@@ -39,7 +39,7 @@ import contextlib
 import logging
 from typing import Any
 
-from treadle import errors, serde
+from treadle import errors, serde, telemetry
 from treadle.orchestrator import decisions, hookwrites, pinning, specrouting, steps
 from treadle.orchestrator.runtime import Runtime
 from treadle.orchestrator.session import RunSession
@@ -178,6 +178,7 @@ class Spec8Delivery:
             )
             return messages.ACK
         self._workflow = workflow
+        telemetry.describe_run(record.workflow_name, record.spec_version)
         await self.session.load()
         if self.session.state.terminal is not None:
             return messages.ACK
@@ -521,6 +522,7 @@ class Spec8Delivery:
     def _backstop(self, key: str, delay_seconds: float) -> messages.Send:
         """A plain run continuation, delayed by the lease remainder (seed 000)."""
         self.table.backstops_armed += 1
+        telemetry.add_to_current(telemetry.names.INLINE_BACKSTOP_WAKES_ARMED, 1)
         state = self.session.state
         message = messages.OrchestratorMessage(
             run_id=self.run_id,
