@@ -82,6 +82,12 @@ class RunOutcome:
     owner_died: bool = False
     # World calls of this run's deliveries made after they were told their lease lapsed.
     ignored_leases: list[str] = field(default_factory=list)
+    # Spec 8 runs (``invariants8``): the run's format, the ownership lease it ran under,
+    # how many injected faults touched it, and the messages of it still queued at the end.
+    spec_version: int = 9
+    ownership_lease: float = 860.0
+    faults_on_run: int = 0
+    messages_left: int = 0
 
 
 def _vt(e: events.LoggedEvent) -> float:

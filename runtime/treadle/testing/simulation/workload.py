@@ -62,6 +62,9 @@ class BodyRun:
     kind: str | None = None
     lease: Any = None
     told_before_start: bool = False
+    # The queue message of that delivery (spec 8: an owned recovery is a redelivery of
+    # the owner's message, so it has the first body's message id; seed 000).
+    message_id: str | None = None
 
     def lease_lost_at(self) -> float | None:
         """Virtual time this body's delivery was told its lease lapsed, if it was."""
@@ -300,6 +303,7 @@ def build(app: Workflows, ledger: Ledger, clock_now: Any) -> None:
         leased = current_delivery.get()
         if leased is not None:
             entry.kind, entry.lease = leased.kind, leased.lost
+            entry.message_id = leased.message_id
             entry.told_before_start = leased.lost.known_before(entry.started + MONOTONIC_ORIGIN)
         ledger.bodies.append(entry)
         try:

@@ -1,0 +1,291 @@
+"""The simulation's spec 8 invariants (issue 12 item 5; seed 000 "Accepted residual risks",
+"The dispatch decision table", "Why in-process single-flight is a required layer").
+
+The pair rule (``invariants8.classify``) and the run judge (``invariants8.judge``) are
+checked on synthetic body records and logs, each a timeline of seed 000: a wake running
+an inline body a second time inside the lease is a failure (issue #2780), the two
+accepted residual risks are counted and never failed, a ``max_retries=0`` body runs at
+most once, a run with no message left is a wedge. The generator and the mode draws are
+checked for what the invariants rely on.
+"""
+
+from __future__ import annotations
+
+import random
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from treadle.testing.memory.queue import LeaseLost
+from treadle.testing.simulation import faults, invariants8, spec8, workload, workload8
+from treadle.testing.simulation.invariants import RunOutcome
+from treadle.testing.simulation.loop import EPOCH, MONOTONIC_ORIGIN
+from treadle.testing.simulation.workload import Actor, BodyRun, Program
+from treadle.world import events, records
+
+LEASE = 30.0
+RUN = "wrun_01KDVDNA00EACX46DCG78SDNEE"
+
+
+def _lease(lapsed_at: float | None = None) -> LeaseLost:
+    lost = LeaseLost()
+    if lapsed_at is not None:
+        lost.at = lapsed_at + MONOTONIC_ORIGIN
+    return lost
+
+
+def body(
+    started: float,
+    ended: float | None,
+    *,
+    process: str = "p1",
+    kind: str = "orchestrator",
+    message: str = "m1",
+    attempt: int = 1,
+    step: str = "step_1",
+    op: str = "o1",
+    lapsed_at: float | None = None,
+    how: str = "returned",
+) -> BodyRun:
+    b = BodyRun(RUN, step, op, attempt, process, started, ended, how if ended else "running")
+    b.kind, b.message_id, b.lease = kind, message, _lease(lapsed_at)
+    return b
+
+
+def classify(a: BodyRun, b: BodyRun, **kw: Any) -> str:
+    return invariants8.classify(a, b, epoch=a.started, lease=LEASE, **kw)
+
+
+# -- the pair rule ----------------------------------------------------------------------
+
+
+def test_a_body_started_after_the_first_ended_is_sequential() -> None:
+    assert classify(body(0, 5), body(6, 9, process="p2", kind="step", message="m9")) == (
+        "sequential"
+    )
+
+
+def test_a_hook_wake_running_the_body_again_inside_the_lease_is_a_duplicate() -> None:
+    """Issue #2780: the wake's replay queued the inline step; its step message ran the
+    body in another process while the owner still ran it, 10 s into a 30 s lease."""
+    owner = body(0, 20)
+    wake = body(10, 30, process="p2", kind="step", message="m2")
+    assert classify(owner, wake) == "duplicate_inline"
+
+
+def test_two_inline_bodies_of_one_step_in_one_process_break_single_flight() -> None:
+    """Seed 000: the in-process single-flight absorbs an owner redelivery or a backstop
+    landing in the owner's own process, lease or no lease."""
+    owner = body(0, 60, lapsed_at=5)
+    again = body(40, 70, message="m1", attempt=2)
+    assert classify(owner, again) == "single_flight"
+
+
+def test_a_body_longer_than_the_lease_run_again_after_it_is_the_second_residual() -> None:
+    """Seed 000 residual: a step longer than the lease runs in two processes."""
+    owner = body(0, 90)
+    after = body(31, 40, process="p2", kind="step", message="m3", attempt=2)
+    assert classify(owner, after) == "longer_than_lease"
+    before = body(29, 40, process="p2", kind="step", message="m3", attempt=2)
+    assert classify(owner, before) == "duplicate_inline"
+
+
+def test_the_owners_message_redelivered_while_it_lives_is_the_first_residual() -> None:
+    """Seed 000 residual: redelivery-while-alive. The owner's delivery was told its
+    lease lapsed at 8 s; the redelivery (same message id) recovers it in p2."""
+    owner = body(0, 20, lapsed_at=8)
+    recovery = body(9, 25, process="p2", message="m1", attempt=2)
+    assert classify(owner, recovery) == "redelivery_while_alive"
+
+
+def test_a_stalled_owner_redelivered_is_the_first_residual_too() -> None:
+    """A heartbeat partition: the owner's process stalled past its lease."""
+    owner = body(0, 20)
+    recovery = body(12, 25, process="p2", message="m1", attempt=2)
+    assert classify(owner, recovery, stalls=[(2.0, 22.0)]) == "redelivery_while_alive"
+    assert classify(owner, recovery) == "duplicate_inline"  # no lapse, no stall: a bug
+
+
+def test_a_redelivery_of_another_message_is_no_residual() -> None:
+    """Only the owner's own message may recover it inside the lease."""
+    owner = body(0, 20, lapsed_at=8)
+    other = body(9, 25, process="p2", message="m7", attempt=2)
+    assert classify(owner, other) == "duplicate_inline"
+
+
+def test_a_step_message_redelivered_after_its_lease_lapsed_is_the_queues_envelope() -> None:
+    first = body(0, 20, kind="step", message="s1", lapsed_at=4)
+    again = body(5, 25, process="p2", kind="step", message="s1", attempt=2)
+    assert classify(first, again) == "queue_redelivery"
+    held = body(0, 20, kind="step", message="s1")
+    assert classify(held, again) == "overlap"
+
+
+def test_a_body_of_a_dead_process_is_no_duplicate() -> None:
+    owner = body(0, None)
+    recovery = body(12, 25, process="p2", message="m1", attempt=2)
+    assert classify(owner, recovery, killed_at=11.0) == "owner_dead"
+
+
+# -- the run judge ------------------------------------------------------------------------
+
+
+def _at(vt: float) -> datetime:
+    return datetime.fromtimestamp(EPOCH + vt, UTC)
+
+
+def _log(*evs: tuple[float, events.Event]) -> list[events.LoggedEvent]:
+    created = events.RunCreated(workflow_name="sim_program", deployment_id="sim", spec_version=8)
+    out = [events.LoggedEvent(run_id=RUN, slot=1, created_at=_at(0), in_band=True, event=created)]
+    for i, (vt, ev) in enumerate(evs, start=2):
+        out.append(
+            events.LoggedEvent(run_id=RUN, slot=i, created_at=_at(vt), in_band=False, event=ev)
+        )
+    return out
+
+
+def _started(cid: str, attempt: int, owner: str | None) -> events.StepStarted:
+    return events.StepStarted(
+        correlation_id=cid,
+        step_name="sim_step_r0",
+        attempt=attempt,
+        inline=owner is not None,
+        owner_message_id=owner,
+    )
+
+
+def _outcome(
+    bodies: list[BodyRun],
+    log: list[events.LoggedEvent],
+    *,
+    r: int = 3,
+    status: str = "completed",
+    messages_left: int = 0,
+    killed_at: dict[str, float | None] | None = None,
+) -> RunOutcome:
+    step = {"k": "step", "id": "o1", "r": r, "fail": 0, "err": "retry", "dur": 20.0}
+    program = Program([{"k": "race", "step": step, "sleep": 9000.0, "token": "t"}], [])
+    now = _at(100)
+    record = records.RunRecord(
+        run_id=RUN, workflow_name="sim_program", status=status,  # type: ignore[arg-type]
+        deployment_id="sim", spec_version=8, input=None, created_at=_at(0), updated_at=now,
+        seq=len(log), seq_in_band=1, output=[None] if status == "completed" else None,
+    )  # fmt: skip
+    return RunOutcome(
+        run_id=RUN,
+        program=program,
+        record=record,
+        log=log,
+        bodies=bodies,
+        tainted=False,
+        cancelled_by_actor=False,
+        killed_at=killed_at or {"p1": None, "p2": None},
+        spec_version=8,
+        ownership_lease=LEASE,
+        messages_left=messages_left,
+    )
+
+
+def _kinds(j: invariants8.Judgement) -> set[str]:
+    return {v.kind for v in j.violations}
+
+
+def test_the_2780_timeline_fails_the_run() -> None:
+    log = _log((0.1, _started("step_1", 1, "m1")), (10.0, _started("step_1", 2, None)))
+    j = invariants8.judge(_outcome([body(0.1, 20), body(10, 30, process="p2", kind="step")], log))
+    assert "duplicate_inline" in _kinds(j), j.violations
+    assert not j.residuals
+
+
+def test_residual_risks_are_counted_and_never_failed() -> None:
+    log = _log((0.1, _started("step_1", 1, "m1")), (9.0, _started("step_1", 2, "m1")))
+    bodies = [body(0.1, 20, lapsed_at=8), body(9, 25, process="p2", message="m1", attempt=2)]
+    j = invariants8.judge(_outcome(bodies, log))
+    assert not j.violations, j.violations
+    assert j.residuals == {"redelivery_while_alive": 1}
+    assert j.notes["owned recoveries"] == 1
+
+
+def test_a_max_retries_0_body_runs_at_most_once_even_after_its_owner_died() -> None:
+    """Owned recovery of a ``max_retries=0`` step fails it as exhausted; it never runs
+    the body again (the owner may have run it)."""
+    log = _log((0.1, _started("step_1", 1, "m1")), (12.0, _started("step_1", 2, "m1")))
+    bodies = [
+        body(0.1, 11, how="cancelled"),
+        body(12, 25, process="p2", message="m1", attempt=2),
+    ]
+    j = invariants8.judge(_outcome(bodies, log, r=0, killed_at={"p1": 11.0, "p2": None}))
+    assert "at_most_once" in _kinds(j), j.violations
+    ok = invariants8.judge(_outcome(bodies, log, r=3, killed_at={"p1": 11.0, "p2": None}))
+    assert "at_most_once" not in _kinds(ok), ok.violations
+
+
+def test_a_run_left_running_with_no_message_is_a_wedge() -> None:
+    log = _log((0.1, _started("step_1", 1, "m1")))
+    wedged = invariants8.judge(_outcome([body(0.1, None)], log, status="running"))
+    assert "wedge" in _kinds(wedged)
+    driven = invariants8.judge(_outcome([body(0.1, None)], log, status="running", messages_left=1))
+    assert "never_ended" in _kinds(driven) and "wedge" not in _kinds(driven)
+
+
+def test_duplicate_creations_are_reported() -> None:
+    due = _at(50)
+    log = _log(
+        (0.1, _started("step_1", 1, "m1")),
+        (0.2, events.StepCreated(correlation_id="step_1", step_name="sim_step_r0")),
+        (0.3, events.WaitCreated(correlation_id="wait_1", resume_at=due)),
+        (0.4, events.WaitCreated(correlation_id="wait_1", resume_at=due + timedelta(seconds=1))),
+        (0.5, events.HookCreated(correlation_id="hook_1", token="t")),
+        (0.6, events.HookCreated(correlation_id="hook_1", token="t")),
+        (0.7, _started("step_1", 1, "m2")),
+    )
+    found = invariants8.duplicate_creations(log)
+    assert len(found) == 4, found
+    assert any("step_created" in f for f in found) and any("lazy inline" in f for f in found)
+
+
+# -- what the workload gives the invariants -------------------------------------------------
+
+
+def test_spec_9_runs_draw_the_same_programs_in_every_mode() -> None:
+    """The pinned seeds were found with spec 9 programs: mixed mode keeps each spec 9
+    run's program, and spec 9 mode draws no spec 8 fault kind."""
+    shape = workload.Shape()
+    specs = spec8.formats(5, "mixed", 6)
+    assert set(specs) == {8, 9}
+    plain = spec8.programs(5, shape, [9] * 6)
+    mixed = spec8.programs(5, shape, specs)
+    for spec, a, b in zip(specs, plain, mixed, strict=True):
+        assert (a.ops == b.ops) == (spec == 9)
+    plan = faults.FaultPlan.draw(random.Random("1/plan"), random.Random("1/plan/later"))
+    assert not set(plan.rates) & set(faults.SPEC8_KINDS)
+
+
+def test_spec_8_programs_carry_seed_000_shapes() -> None:
+    """Across seeds, spec 8 programs start with each shape, some bodies outlast the
+    lease, and the #2780 shape (a hook payload sent mid-body) is common."""
+    progs = [workload8.generate(random.Random(s), prefix="r0.") for s in range(300)]
+    shapes = {workload8.shape_of(p) for p in progs}
+    assert shapes >= set(workload8.SHAPES)
+    assert sum(workload8.hook_mid_step(p) for p in progs) > 20
+    durs = [op["step"]["dur"] for p in progs for op in p.ops if op["k"] == "race"]
+    assert max(durs) > workload8.LEASE_SECONDS
+
+
+@pytest.mark.parametrize("mode", ["9", "8"])
+def test_a_mode_gives_every_run_its_format(mode: str) -> None:
+    assert spec8.formats(3, mode, 4) == [int(mode)] * 4
+
+
+def test_an_unknown_mode_is_refused() -> None:
+    with pytest.raises(ValueError, match="spec mode '7'"):
+        spec8.formats(3, "7", 1)
+
+
+def test_hook_mid_step_needs_the_payload_inside_the_body() -> None:
+    step = {"k": "step", "id": "o1", "r": 3, "fail": 0, "err": "retry", "dur": 20.0}
+    race = {"k": "race", "step": step, "sleep": 9000.0, "token": "r0.o1"}
+    inside = Program([race], [Actor(at=10.0, kind="resume", token="r0.o1")])
+    late = Program([race], [Actor(at=25.0, kind="resume", token="r0.o1")])
+    assert workload8.hook_mid_step(inside) and not workload8.hook_mid_step(late)
