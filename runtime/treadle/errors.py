@@ -34,6 +34,8 @@ its message names them too::
         ├── StepAlreadyEnded          a step_started or a second outcome for a step that has one
         ├── StaleStepStart            a step_started whose attempt is not past the latest started
         ├── WaitAlreadyCompleted      a second wait_completed for one wait
+        ├── EntityAlreadyCreated      a second creation of one step, wait or hook (or start of
+        │                             a run): a spec 8 run's other writer got there first
         ├── StepNotFound              no step with that id in the run
         ├── HookNotFound              no live hook with that token
         ├── EarlierItemRefused        a batch item whose correlation id had an earlier refusal
@@ -387,6 +389,28 @@ class WaitAlreadyCompleted(WorldError):
         )
         self.wait_id = wait_id
         self.completed_slot = completed_slot
+
+
+class EntityAlreadyCreated(WorldError):
+    """A second creation of a step, wait or hook under one correlation id (or a second
+    ``run_started``): nothing was allocated or written; the first, at ``slot``, stands.
+
+    Spec 8 runs have several writers at once; the loser of a creation race hears this
+    and reads the winner's event from the log.
+    """
+
+    def __init__(
+        self, run_id: str, *, correlation_id: str | None, event_type: str, slot: int | None = None
+    ) -> None:
+        what = f"{event_type} for {correlation_id}" if correlation_id else event_type
+        where = f" at slot {slot}" if slot is not None else ""
+        super().__init__(
+            f"run {run_id}: {what} exists already{where}; a second creation is refused",
+            run_id=run_id,
+        )
+        self.correlation_id = correlation_id
+        self.event_type = event_type
+        self.slot = slot
 
 
 class StepNotFound(WorldError):

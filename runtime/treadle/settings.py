@@ -41,6 +41,13 @@ class Settings(BaseSettings):
         description="Spec 8: how long a wake defers to the owner of an inline step "
         "(clamped to 1..900; 900 is the longest single delayed message).",
     )
+    WORKFLOW_OPEN_WAIT_CLOCK_SKEW_MS: int = Field(
+        default=1000,
+        ge=0,
+        le=600_000,
+        description="Spec 8: a wait due within the inline window plus this keeps new steps "
+        "out of the inline batch (queued instead).",
+    )
     WORKFLOW_MAX_INLINE_STEPS: int = Field(
         default=3, description="Steps the orchestrator runs inline at once (clamped to 0..16)."
     )
@@ -279,15 +286,9 @@ class Settings(BaseSettings):
     @field_validator("WORKFLOW_SPEC_VERSION")
     @classmethod
     def _known_spec(cls, value: int | None) -> int | None:
-        if value is None:
-            return None
-        if value == constants.SPEC_VERSION_LEGACY:
-            raise ValueError(
-                "spec version 8 (the multi-writer format) is not supported yet; unset it or use 9"
-            )
-        if value != constants.SPEC_VERSION_SINGLE_ORCHESTRATOR:
-            raise ValueError("must be 9 (or unset)")
-        return value
+        if value is None or value in constants.SUPPORTED_SPEC_VERSIONS:
+            return value
+        raise ValueError("must be 8 or 9 (or unset)")
 
     @property
     def spec_version(self) -> int:

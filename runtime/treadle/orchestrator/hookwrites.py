@@ -25,15 +25,25 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from typing import Protocol
 
-from treadle.orchestrator.session import RunSession
 from treadle.replay import engine, operations
 from treadle.world import events
 
 log = logging.getLogger("treadle.orchestrator.hooks")
 
 
-async def write_hooks(session: RunSession, suspended: engine.Suspended) -> list[str]:
+class HookWriter(Protocol):
+    """What writes a suspension's hooks: a spec 9 ``RunSession`` (in-band) or a spec 8
+    delivery's ``Spec8Writes`` (out-of-band)."""
+
+    @property
+    def run_id(self) -> str: ...
+
+    async def write(self, event: events.Event) -> events.LoggedEvent: ...
+
+
+async def write_hooks(session: HookWriter, suspended: engine.Suspended) -> list[str]:
     """Write the suspension's hook disposals and creations; the ids of new hooks that
     came back as ``hook_conflict`` (the writes stop at the first one)."""
     for hook in suspended.dispose:

@@ -341,6 +341,12 @@ def _from_log(
 async def _handle_step_message(
     rt: Runtime, message: messages.StepMessage, meta: messages.DeliveryMeta
 ) -> messages.HandlerResult:
+    if message.spec_version < constants.SPEC_VERSION_SINGLE_ORCHESTRATOR and (
+        rt.single_flight.running(message.run_id, message.step_id)
+    ):
+        # A spec 8 inline owner (or another delivery) runs this body in this process right
+        # now: decide nothing (no attempt count, no exhaustion) until it settled (seed 000).
+        return await _after_winner(rt, message)
     state = await _read_step_log(rt, message.run_id, message.step_id)
     refusal = _refusal(message, state)
     if refusal is not None:
@@ -418,6 +424,50 @@ async def _handle_step_message(
         )
         await _wake(rt, message)
         return messages.ACK
+    if message.spec_version < constants.SPEC_VERSION_SINGLE_ORCHESTRATOR:
+        return await _single_flight(rt, message, meta, attempt, max_retries, step_input)
+    return await _start_and_run(rt, message, meta, attempt, max_retries, step_input)
+
+
+async def _single_flight(
+    rt: Runtime,
+    message: messages.StepMessage,
+    meta: messages.DeliveryMeta,
+    attempt: int,
+    max_retries: int,
+    step_input: JsonValue,
+) -> messages.HandlerResult:
+    """A spec 8 step runs under the process's single-flight (seed 000): when an inline
+    owner (or another delivery) runs the body in this process, this delivery waits for
+    it to settle and then runs nothing; it acknowledges once the log has the step's
+    outcome, else asks for itself again (the step's only message is never spent on a
+    body that did not settle)."""
+    async with rt.single_flight.claim(message.run_id, message.step_id) as claim:
+        if claim.won:
+            return await _start_and_run(rt, message, meta, attempt, max_retries, step_input)
+    return await _after_winner(rt, message)
+
+
+async def _after_winner(rt: Runtime, message: messages.StepMessage) -> messages.HandlerResult:
+    """The single-flight loser: wait for the running body to settle, then acknowledge
+    without executing if the log has the step's outcome; else come back in a second."""
+    async with rt.single_flight.claim(message.run_id, message.step_id):
+        pass  # waits for a running body to settle (or takes and frees a free key)
+    after = await _read_step_log(rt, message.run_id, message.step_id)
+    if after.outcome or after.run_terminal:
+        await _wake(rt, message)
+        return messages.ACK
+    return messages.Redeliver(constants.FENCE_REFUSAL_REDELIVERY_SECONDS)
+
+
+async def _start_and_run(
+    rt: Runtime,
+    message: messages.StepMessage,
+    meta: messages.DeliveryMeta,
+    attempt: int,
+    max_retries: int,
+    step_input: JsonValue,
+) -> messages.HandlerResult:
     started_at = clock.utcnow()
     start = events.StepStarted(
         correlation_id=message.step_id, step_name=message.step_name, attempt=attempt

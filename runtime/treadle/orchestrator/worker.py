@@ -18,9 +18,10 @@ from collections.abc import Awaitable
 from typing import Literal
 
 from treadle import clock, errors, limits, payloads
-from treadle.orchestrator import pinning, reads, steps, timers
+from treadle.orchestrator import pinning, reads, specrouting, steps, timers
 from treadle.orchestrator.delivery import OrchestratorDelivery
 from treadle.orchestrator.runtime import Runtime
+from treadle.orchestrator.spec8 import delivery as spec8_delivery
 from treadle.sdk import catalogue
 from treadle.world import constants, contract, messages, records
 
@@ -89,6 +90,8 @@ class Worker:
             return await self._hop(message)
         if message.deployment_id not in (None, self.rt.deployment_id):
             return await self._misrouted(message, meta)
+        if await specrouting.resolve(self.rt, message) < constants.SPEC_VERSION_SINGLE_ORCHESTRATOR:
+            return await spec8_delivery.deliver(self.rt, message, meta)
         if await self._nothing_new(message, meta):
             return messages.ACK
         return await OrchestratorDelivery(self.rt, message, meta).run()
