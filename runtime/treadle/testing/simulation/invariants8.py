@@ -17,8 +17,9 @@ does promise, and ``judge(outcome)`` checks:
 - ``duplicate_inline``: an inline step's body started again, overlapping the
   first, inside the first's ownership lease, while its owner lived, other than
   by the owner's own message redelivered (issue #2780);
-- ``single_flight``: two inline bodies of one step overlapped in one process
-  (``Runtime.single_flight`` absorbs the second);
+- ``single_flight``: a body of a step overlapped an inline body of it in the same
+  process (``Runtime.single_flight`` absorbs a second inline claimant, and a step
+  message finding the body running here waits for it);
 - ``overlap``: a body run from a step message overlapped a later one while its
   delivery still held its lease and its process lived;
 - ``at_most_once``: a ``max_retries=0`` step's body ran twice (owned recovery of
@@ -113,7 +114,9 @@ def classify(
         if _lapsed(a, b.started) or _stalled(stalls, a.started, b.started):
             return "queue_redelivery"
         return "overlap"
-    if b.kind == "orchestrator" and b.process == a.process:
+    if b.process == a.process:
+        # One process runs one body of a step at a time: an inline claimant waits on the
+        # single-flight, and so does a step message finding an inline body running here.
         return "single_flight"
     if b.started + _EPS >= epoch + lease:
         return "longer_than_lease"

@@ -94,6 +94,8 @@ class Report:
     residuals: collections.Counter[str] = field(default_factory=collections.Counter)
     spec8_notes: collections.Counter[str] = field(default_factory=collections.Counter)
 
+    spec8_run_ids: set[str] = field(default_factory=set)
+
     @property
     def spec8_runs(self) -> int:
         return sum(s < 9 for s in self.specs)
@@ -319,6 +321,7 @@ def simulate(seed: int, config: Config | None = None) -> Report:
         + (f" {b.kind} {b.message_id}" if b.run_id in sim.spec8_runs else "")
         for b in sim.ledger.bodies
     ]
+    report.spec8_run_ids = set(sim.spec8_runs)
     if sim.spec8_runs and sim.backend is not None:
         report.spec8_notes.update(spec8.tally(sim))
     return report
