@@ -34,8 +34,7 @@ its message names them too::
         ├── StepAlreadyEnded          a step_started or a second outcome for a step that has one
         ├── StaleStepStart            a step_started whose attempt is not past the latest started
         ├── WaitAlreadyCompleted      a second wait_completed for one wait
-        ├── EntityAlreadyCreated      a second creation of one step, wait or hook (or start of
-        │                             a run): a spec 8 run's other writer got there first
+        ├── EntityAlreadyCreated      a second creation of a step, wait, hook or the run's start
         ├── StepNotFound              no step with that id in the run
         ├── HookNotFound              no live hook with that token
         ├── EarlierItemRefused        a batch item whose correlation id had an earlier refusal
@@ -392,20 +391,24 @@ class WaitAlreadyCompleted(WorldError):
 
 
 class EntityAlreadyCreated(WorldError):
-    """A second creation of a step, wait or hook under one correlation id (or a second
-    ``run_started``): nothing was allocated or written; the first, at ``slot``, stands.
+    """A creation the run's log already holds: a second ``step_created`` for a step (or
+    one for a step an inline ``step_started`` created, or an inline creating start for a
+    step a ``step_created`` created), a second ``wait_created``, a second ``hook_created``
+    for one correlation id, or a second ``run_started`` (``correlation_id`` None).
 
-    Spec 8 runs have several writers at once; the loser of a creation race hears this
-    and reads the winner's event from the log.
+    Nothing was allocated or written: the creation at ``slot`` stands. Spec 8 runs have
+    several writers, and the loser of a race to create one entity hears this (seed 003
+    "Spec 8 queues, as in earlier releases": the World's rows refuse the loser's
+    duplicates); it has nothing to undo and reads the entity from the log.
     """
 
     def __init__(
-        self, run_id: str, *, correlation_id: str | None, event_type: str, slot: int | None = None
+        self, run_id: str, *, correlation_id: str | None, event_type: str, slot: int
     ) -> None:
-        what = f"{event_type} for {correlation_id}" if correlation_id else event_type
-        where = f" at slot {slot}" if slot is not None else ""
+        what = "the run's start" if correlation_id is None else correlation_id
         super().__init__(
-            f"run {run_id}: {what} exists already{where}; a second creation is refused",
+            f"run {run_id}: {what} was already created at slot {slot}; a {event_type} "
+            "is refused and nothing was written",
             run_id=run_id,
         )
         self.correlation_id = correlation_id

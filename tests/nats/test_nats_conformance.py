@@ -7,7 +7,7 @@ harness (``conftest.NatsHarness``) gives each test its own stream.
 
 from __future__ import annotations
 
-from treadle.world.conformance import changes, queue, queue_gating, queue_leases
+from treadle.world.conformance import changes, queue, queue_gating, queue_leases, queue_spec8
 
 
 class TestNatsQueue(queue.QueueConformance):
@@ -23,4 +23,8 @@ class TestNatsQueueLeases(queue_leases.QueueLeaseConformance):
 
 
 class TestNatsBacklog(changes.BacklogConformance):
+    pass
+
+
+class TestNatsSpec8Queue(queue_spec8.Spec8QueueConformance):
     pass

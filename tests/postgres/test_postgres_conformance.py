@@ -11,7 +11,7 @@ from typing import cast
 import pytest
 
 from treadle.world import contract
-from treadle.world.conformance import changes, repin, storage, storage_views
+from treadle.world.conformance import changes, repin, storage, storage_spec8, storage_views
 from treadle.world.conformance.harness import WorldHarness
 from treadle.worlds.postgres import PostgresStorage
 
@@ -68,4 +68,8 @@ class TestPostgresChanges(changes.ChangesConformance):
 
 
 class TestPostgresRepin(repin.RepinConformance):
+    pass
+
+
+class TestPostgresSpec8Storage(storage_spec8.Spec8StorageConformance):
     pass

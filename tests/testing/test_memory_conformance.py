@@ -6,7 +6,16 @@ import pytest
 
 from treadle.testing.memory import MemoryBackend, MemoryWorld
 from treadle.world import contract
-from treadle.world.conformance import changes, queue, queue_gating, repin, storage, storage_views
+from treadle.world.conformance import (
+    changes,
+    queue,
+    queue_gating,
+    queue_spec8,
+    repin,
+    storage,
+    storage_spec8,
+    storage_views,
+)
 from treadle.world.conformance.harness import WorldHarness
 
 
@@ -50,4 +59,12 @@ class TestMemoryBacklog(changes.BacklogConformance):
 
 
 class TestMemoryRepin(repin.RepinConformance):
+    pass
+
+
+class TestMemorySpec8Storage(storage_spec8.Spec8StorageConformance):
+    pass
+
+
+class TestMemorySpec8Queue(queue_spec8.Spec8QueueConformance):
     pass

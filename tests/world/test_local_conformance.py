@@ -12,8 +12,10 @@ from treadle.world.conformance import (
     queue,
     queue_gating,
     queue_leases,
+    queue_spec8,
     repin,
     storage,
+    storage_spec8,
     storage_views,
 )
 from treadle.world.conformance.harness import WorldHarness
@@ -64,4 +66,12 @@ class TestLocalBacklog(changes.BacklogConformance):
 
 
 class TestLocalRepin(repin.RepinConformance):
+    pass
+
+
+class TestLocalSpec8Storage(storage_spec8.Spec8StorageConformance):
+    pass
+
+
+class TestLocalSpec8Queue(queue_spec8.Spec8QueueConformance):
     pass

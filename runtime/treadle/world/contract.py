@@ -15,9 +15,9 @@ Storage rules (DESIGN.md 3.1, seed 003 "Implementing spec 9 in a World"):
   ``event_count + 1 .. own_slot - 1`` (``has_more`` when cut short).
 - An in-band write's ``occurred_at`` is stored as the event's ``created_at``.
 - Refusals (``RunExpired``, ``StepAlreadyEnded``, ``StaleStepStart``,
-  ``WaitAlreadyCompleted``, ``HookNotFound``) allocate nothing. A terminal run refuses new work
-  (``events.REFUSED_ON_TERMINAL_RUN``) and keeps accepting a step's first
-  outcome and a wait's first completion.
+  ``WaitAlreadyCompleted``, ``EntityAlreadyCreated``, ``HookNotFound``) allocate
+  nothing. A terminal run refuses new work (``events.REFUSED_ON_TERMINAL_RUN``) and
+  keeps accepting a step's first outcome and a wait's first completion.
 - One outcome per step, one completion per wait (DESIGN.md 10): a
   ``step_started``, ``step_completed`` or ``step_failed`` for a step that has
   its outcome raises ``StepAlreadyEnded``; a second ``wait_completed`` raises
@@ -29,6 +29,20 @@ Storage rules (DESIGN.md 3.1, seed 003 "Implementing spec 9 in a World"):
   ``StaleStepStart`` (with ``attempt`` and ``latest_attempt``), in-band or
   out-of-band. A delivery whose start write stalled past its lease therefore
   cannot start an attempt its redeliveries already ran (simulation seed 522).
+- One creation per entity (issue 12 item 2; ``storagerules.created_by``), in-band or
+  out-of-band, every run, spec 8 or 9: a second ``run_started``; a second
+  ``step_created`` for a step, or one for a step an inline ``step_started`` created; an
+  inline creating ``step_started`` (``inline``, attempt 1) for a step a ``step_created``
+  created; a second ``wait_created``; a second ``hook_created`` for a correlation id
+  (also after its creation was stored as ``hook_conflict``) each raise
+  ``EntityAlreadyCreated`` with the first creation's ``slot``, nothing allocated. Decided
+  after the fence and the terminal-run check; for a ``step_started`` after the step's
+  outcome check and before the stale-start one (a second inline creating start of an
+  inline step stays ``StaleStepStart``); for a ``hook_created`` before the token claim,
+  so a delivery re-creating its own run's hook never stores a ``hook_conflict``. In
+  ``create_batch`` the refusal is the item's, and the later items of its correlation id
+  are ``EarlierItemRefused``. Spec 9's single writer never meets these rules; a spec 8
+  run has several writers and the loser of a creation race hears them.
 - ``hook_created`` for a token a live hook holds stores ``hook_conflict``
   instead, in the creator's log, at the slot the creation would have taken.
 - A hook takes one payload: an admitted ``hook_received`` frees the hook's
@@ -51,7 +65,33 @@ Storage rules (DESIGN.md 3.1, seed 003 "Implementing spec 9 in a World"):
   while it has not ended, only to a registered, unretired deployment; ``events.create``
   refuses ``run_created`` and ``run_repinned`` (``storagerules.check_event_write``).
 
-Queue rules (DESIGN.md 3.2, seed 003 "Spec 9 queue rules"): see ``Queue``.
+Spec 8 runs (``run_created.spec_version`` below 9; seed 003 "Spec 8 and spec 9 side by
+side", "Sleeps and timers, spec 8 against spec 9"):
+
+- Every orchestrator write is out-of-band and unfenced: several deliveries of one run
+  may write at once, and the creation rules above refuse the loser's duplicates.
+- A ``step_started`` with a higher attempt on a running step is accepted (a retry, or
+  owner recovery's re-stamped start); ``owner_message_id`` (seed 000) is stored with
+  the event and listed back unchanged, and a start without it stores none (latest
+  start wins).
+- ``wait_completed`` may be written out-of-band by any delivery replaying after the
+  wait is due and by ``run.wake_up()``; the first one stands, a second is
+  ``WaitAlreadyCompleted``.
+- A spec 9 event (``storagerules.SPEC_9_ONLY_TYPES``: ``wake_requested``) on a spec 8
+  run is a ``WorldContractError`` naming the run and its version ("a spec 8 run never
+  receives a spec 9 event"), decided before anything else, nothing written.
+
+Queue rules (DESIGN.md 3.2, seed 003 "Spec 9 queue rules"): see ``Queue``. A spec 8
+orchestrator message (stamped below 9; ``routing.gated_run_id``) is never gated or
+coalesced: it runs beside any other message of its run, each its own delivery.
+
+Where treadle deviates from the seed: the seed's queue treats an UNSTAMPED orchestrator
+message as spec 8 (never gated). treadle's ``routing.gated_run_id`` gates an unstamped
+message whose run row is spec 9 or unknown (the local and memory Worlds read the row;
+NATS, which reads no row, gates every unstamped one). Every producer in treadle stamps
+its messages, so only a foreign producer sends one unstamped, and gating a message the
+queue cannot place costs nothing: at worst it waits behind its run's holder, where the
+seed's would have run beside it under the fence.
 
 World-wide changes (``Changes``, for watchers such as the operator): see
 ``Changes.watch``; a queue's backlog (for autoscalers): ``Queue.backlog``.

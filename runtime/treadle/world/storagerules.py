@@ -8,6 +8,14 @@
 - ``check_event_write``: ``events.create`` refuses the events a runs operation
   writes (``run_created``, ``run_repinned``).
 - ``check_repin``: when ``runs.repin`` refuses (``RunNotRepinned``), in what order.
+- ``created_by`` / ``check_creation``: one creation per entity. Which earlier events of
+  an event's correlation id (of the run, for ``run_started``) make it a duplicate
+  creation, refused as ``EntityAlreadyCreated`` with the first creation's slot, nothing
+  allocated (spec 8 runs have several writers; seed 003 "Spec 8 queues, as in earlier
+  releases"). A World looks up the first such event and hands its slot here.
+- ``check_spec_event``: an event only a spec 9 run's log may hold (``wake_requested``)
+  on an earlier run is a ``WorldContractError`` naming the run and its version
+  (``spec_event_refused`` builds it, for the Postgres World's mapping too).
 
 Used by the local and in-memory storages (``treadle.worlds.local``,
 ``treadle.testing.memory``) and by the Postgres one for the checks it makes in Python.
@@ -21,6 +29,23 @@ from pydantic import JsonValue
 
 from treadle import errors
 from treadle.world import constants, events, ids
+
+# A creating event type -> the earlier event types of its correlation id (of the run, for
+# run_started) that mean the entity exists already. A step is created by step_created or
+# by its inline first step_started; a hook's creation may have been stored as hook_conflict.
+CREATION_TYPES: dict[str, frozenset[str]] = {
+    "run_started": frozenset({"run_started"}),
+    "step_created": frozenset({"step_created", "step_started"}),
+    "wait_created": frozenset({"wait_created"}),
+    "hook_created": frozenset({"hook_created", "hook_conflict"}),
+}
+# An inline creating step_started (attempt 1, inline) re-creates a step a step_created
+# made; one an earlier inline start made is StaleStepStart (its attempt is not past 1).
+INLINE_CREATION_TYPES: frozenset[str] = frozenset({"step_created"})
+# Every event type a creation check looks for (what a World indexes).
+CREATION_LOOKUP_TYPES: frozenset[str] = frozenset().union(*CREATION_TYPES.values())
+# Events only a spec 9 run's log may hold: a spec 8 run never receives one.
+SPEC_9_ONLY_TYPES: frozenset[str] = frozenset({"wake_requested"})
 
 # Every run status (``records.RunStatus``), for checking arguments.
 RUN_STATUSES: frozenset[str] = frozenset({"pending", "running", "completed", "failed", "cancelled"})
@@ -151,3 +176,52 @@ def check_repin(
         raise errors.RunNotRepinned(
             run_id, reason="retired_target", detail=f"deployment {to_deployment} is retired"
         )
+
+
+def is_inline_creation(event: events.Event) -> bool:
+    """A ``step_started`` that creates its step: an inline step's first start."""
+    return isinstance(event, events.StepStarted) and event.inline and event.attempt == 1
+
+
+def created_by(event: events.Event) -> frozenset[str] | None:
+    """The earlier event types of ``event``'s correlation id (of the run, for
+    ``run_started``) that make ``event`` a second creation; None when ``event``
+    creates nothing (no lookup needed)."""
+    if isinstance(event, events.StepStarted):
+        return INLINE_CREATION_TYPES if is_inline_creation(event) else None
+    return CREATION_TYPES.get(event.type)
+
+
+def check_creation(run_id: str, event: events.Event, first_slot: int | None) -> None:
+    """Refuse a second creation: ``first_slot`` is the slot of the earliest event of
+    ``created_by(event)`` for the event's correlation id, None when there is none.
+
+    Decided after the run's terminal check and, for a ``step_started``, after the
+    step's outcome check and before the stale-start one; for ``hook_created`` before
+    the token claim, so re-creating the run's own hook never stores ``hook_conflict``.
+    """
+    if first_slot is not None:
+        raise errors.EntityAlreadyCreated(
+            run_id, correlation_id=event.correlation_id, event_type=event.type, slot=first_slot
+        )
+
+
+def spec_event_refused(
+    run_id: str, spec_version: int, event_type: str
+) -> errors.WorldContractError:
+    """The refusal of a spec 9 event written to an earlier run."""
+    return errors.WorldContractError(
+        f"run {run_id} is spec {spec_version}: a {event_type} is a spec 9 event, and a "
+        "spec 8 run never receives a spec 9 event; nothing was written",
+        run_id=run_id,
+    )
+
+
+def check_spec_event(run_id: str, spec_version: int, event: events.Event) -> None:
+    """Refuse an event only a spec 9 run may hold on an earlier run (before anything else
+    of the event is decided: it is a caller's bug, not a race)."""
+    if (
+        event.type in SPEC_9_ONLY_TYPES
+        and spec_version < constants.SPEC_VERSION_SINGLE_ORCHESTRATOR
+    ):
+        raise spec_event_refused(run_id, spec_version, event.type)

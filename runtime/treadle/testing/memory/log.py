@@ -3,8 +3,9 @@
 ``Store`` holds every run's log and the read views folded from it. Each write
 is one synchronous call, so on one event loop it is atomic; it decides in the
 local World's order (``treadle.worlds.local.eventlog``): the run exists; the
-fence; the counts; each event's own checks (terminal run, ended step or a second
-outcome, a stale step start, completed wait, live hook; a hook_received also frees
+fence; the counts; each event's own checks (a spec 9 event on an earlier run, terminal
+run, a second creation, ended step or a second outcome, a stale step start, completed
+wait, live hook; a hook_received also frees
 its token); then it allocates slots, stores, folds the views and moves the counters.
 A refusal raises before anything is stored, so it never leaves a hole.
 
@@ -57,6 +58,20 @@ class RunState:
     outcome_slots: dict[str, int] = field(default_factory=dict)
     completed_waits: dict[str, int] = field(default_factory=dict)
     hooks: dict[str, str] = field(default_factory=dict)  # hook id -> token
+    # (type, correlation id) -> the first slot, for storagerules.CREATION_LOOKUP_TYPES.
+    creations: dict[tuple[str, str | None], int] = field(default_factory=dict)
+
+    def first_creation(self, event: events.Event) -> int | None:
+        """The slot of the earliest event that makes ``event`` a second creation."""
+        kinds = storagerules.created_by(event)
+        if kinds is None:
+            return None
+        slots = [
+            slot
+            for kind in kinds
+            if (slot := self.creations.get((kind, event.correlation_id))) is not None
+        ]
+        return min(slots, default=None)
 
     @property
     def run_id(self) -> str:
@@ -258,8 +273,11 @@ class Store:
         into ``hook_conflict``)."""
         run_id, kind = state.run_id, event.type
         storagerules.check_event_write(run_id, event)
+        storagerules.check_spec_event(run_id, state.record.spec_version, event)
         if state.record.status in _TERMINAL and kind in events.REFUSED_ON_TERMINAL_RUN:
             raise errors.RunExpired(run_id, status=state.record.status, event_type=kind)
+        if not isinstance(event, events.StepStarted):
+            storagerules.check_creation(run_id, event, state.first_creation(event))
         match event:
             case events.StepStarted() | events.StepCompleted() | events.StepFailed():
                 ended = state.outcome_slots.get(event.correlation_id)
@@ -267,6 +285,8 @@ class Store:
                     raise errors.StepAlreadyEnded(
                         run_id, step_id=event.correlation_id, outcome_slot=ended, event_type=kind
                     )
+                if isinstance(event, events.StepStarted):
+                    storagerules.check_creation(run_id, event, state.first_creation(event))
                 held = state.steps.get(event.correlation_id)
                 if (
                     isinstance(event, events.StepStarted)
@@ -320,6 +340,8 @@ class Store:
         state.log.append(stored)
         if idempotency_key is not None:
             state.keys[idempotency_key] = stored
+        if event.type in storagerules.CREATION_LOOKUP_TYPES:
+            state.creations.setdefault((event.type, event.correlation_id), slot)
         state.record = replace(
             run, seq=slot, seq_in_band=run.seq_in_band + int(in_band), updated_at=clock.utcnow()
         )

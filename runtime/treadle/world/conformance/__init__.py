@@ -14,6 +14,8 @@ fixture that opens the World under test::
     class TestLocalStorageViews(storage_views.StorageViewsConformance): pass
     class TestLocalQueue(queue.QueueConformance): pass
     class TestLocalQueueGating(queue_gating.QueueGatingConformance): pass
+    class TestLocalSpec8Storage(storage_spec8.Spec8StorageConformance): pass
+    class TestLocalSpec8Queue(queue_spec8.Spec8QueueConformance): pass
 
 The suites import pytest, so this package is for tests only.
 """
@@ -28,4 +30,6 @@ pytest.register_assert_rewrite(
     "treadle.world.conformance.queue",
     "treadle.world.conformance.queue_gating",
     "treadle.world.conformance.changes",
+    "treadle.world.conformance.storage_spec8",
+    "treadle.world.conformance.queue_spec8",
 )

@@ -3,8 +3,8 @@
 Each function here runs inside one SQLite transaction and decides, in this
 order: the run exists; the fence (an in-band write's ``expected_seq_in_band``
 against the run's ``seq_in_band``); the contract (counts present and sane);
-each event's own checks (terminal run, ended step or a second outcome, a
-completed wait, live hook); then it
+each event's own checks (a spec 9 event on an earlier run, terminal run, a second
+creation, ended step or a second outcome, a completed wait, live hook); then it
 allocates slots, inserts, folds the read views (run status, steps, hooks) and
 moves the counters. A refusal raises before anything is written, so it never
 leaves a hole.
@@ -68,6 +68,7 @@ class _Run:
     status: str
     seq: int
     seq_in_band: int
+    spec_version: int
 
 
 @dataclass(slots=True)
@@ -84,11 +85,11 @@ class Appended:
 
 def _load_run(conn: sqlite3.Connection, run_id: str) -> _Run:
     row = conn.execute(
-        "SELECT status, seq, seq_in_band FROM runs WHERE run_id = ?", (run_id,)
+        "SELECT status, seq, seq_in_band, spec_version FROM runs WHERE run_id = ?", (run_id,)
     ).fetchone()
     if row is None:
         raise errors.RunNotFound(run_id)
-    return _Run(run_id, row[0], row[1], row[2])
+    return _Run(run_id, row[0], row[1], row[2], row[3])
 
 
 def _check_fence(
@@ -140,10 +141,13 @@ def _admit(conn: sqlite3.Connection, run: _Run, event: events.Event) -> events.E
     into ``hook_conflict``)."""
     kind = event.type
     storagerules.check_event_write(run.run_id, event)
+    storagerules.check_spec_event(run.run_id, run.spec_version, event)
     if run.status in ("completed", "failed", "cancelled") and kind in (
         events.REFUSED_ON_TERMINAL_RUN
     ):
         raise errors.RunExpired(run.run_id, status=run.status, event_type=kind)
+    if not isinstance(event, events.StepStarted):
+        _check_creation(conn, run, event)
     if isinstance(event, events.StepStarted | events.StepCompleted | events.StepFailed):
         # One outcome per step (DESIGN.md 10): a start or a second outcome after it is refused.
         # steps.attempt is the highest attempt started (step_created folds it to 0).
@@ -155,6 +159,8 @@ def _admit(conn: sqlite3.Connection, run: _Run, event: events.Event) -> events.E
             raise errors.StepAlreadyEnded(
                 run.run_id, step_id=event.correlation_id, outcome_slot=row[0], event_type=kind
             )
+        if isinstance(event, events.StepStarted):
+            _check_creation(conn, run, event)
         if isinstance(event, events.StepStarted) and row is not None and event.attempt <= row[1]:
             # A stale start: a later delivery already started this attempt or a later one.
             raise errors.StaleStepStart(
@@ -191,6 +197,21 @@ def _admit(conn: sqlite3.Connection, run: _Run, event: events.Event) -> events.E
         if live is None:
             raise errors.HookNotFound(hook_id=event.correlation_id, run_id=run.run_id)
     return event
+
+
+def _check_creation(conn: sqlite3.Connection, run: _Run, event: events.Event) -> None:
+    """A second creation of the event's entity is refused (``storagerules.created_by``)."""
+    kinds = storagerules.created_by(event)
+    if kinds is None:
+        return
+    marks = ", ".join("?" * len(kinds))
+    cid = event.correlation_id
+    where = "correlation_id IS NULL" if cid is None else "correlation_id = ?"
+    row = conn.execute(
+        f"SELECT min(slot) FROM events WHERE run_id = ? AND {where} AND type IN ({marks})",
+        (run.run_id, *(() if cid is None else (cid,)), *sorted(kinds)),
+    ).fetchone()
+    storagerules.check_creation(run.run_id, event, row[0])
 
 
 def _insert(

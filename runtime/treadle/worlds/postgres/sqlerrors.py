@@ -1,7 +1,8 @@
 """Postgres errors as treadle errors.
 
 The append functions (``migrations/0001_init.sql``, ``0004_one_outcome.sql``,
-``0006_stale_step_start.sql``, ``0008_deployment_rollout.sql``) raise with
+``0006_stale_step_start.sql``, ``0008_deployment_rollout.sql``,
+``0010_spec8_one_creation.sql``) raise with
 SQLSTATEs of the class ``TRD`` and a JSON ``DETAIL`` carrying the error's
 attributes; batch item refusals come back as rows with the same code and
 detail. ``world_error`` turns either into the
@@ -20,6 +21,7 @@ import json
 from typing import Any
 
 from treadle import errors
+from treadle.world import storagerules
 from treadle.worlds.transport import postgres_refusal
 
 SUPERSEDED = "TRD01"
@@ -32,6 +34,8 @@ EARLIER_ITEM_REFUSED = "TRD07"
 WAIT_ALREADY_COMPLETED = "TRD08"  # migration 0004
 STALE_STEP_START = "TRD09"  # migration 0006
 DEPLOYMENT_RETIRED = "TRD10"  # migration 0008
+ENTITY_ALREADY_CREATED = "TRD11"  # migration 0010
+SPEC_EVENT_REFUSED = "TRD12"  # migration 0010: a spec 9 event on an earlier run
 
 # SQLSTATE classes of a connection that is gone or refused (08, 53, 57) and of
 # functions or tables that do not exist (the schema is missing or behind).
@@ -92,6 +96,18 @@ def world_error(
         )
     if code == HOOK_NOT_FOUND:
         return errors.HookNotFound(hook_id=str(facts["hook_id"]), run_id=run_id)
+    if code == ENTITY_ALREADY_CREATED:
+        cid = facts.get("correlation_id")
+        return errors.EntityAlreadyCreated(
+            run_id,
+            correlation_id=None if cid is None else str(cid),
+            event_type=str(facts["event_type"]),
+            slot=int(facts["slot"]),
+        )
+    if code == SPEC_EVENT_REFUSED:
+        return storagerules.spec_event_refused(
+            run_id, int(facts["spec_version"]), str(facts["event_type"])
+        )
     if code == DEPLOYMENT_RETIRED:
         return errors.DeploymentRetired(str(facts["deployment_id"]), run_id or None)
     if code == EARLIER_ITEM_REFUSED:
