@@ -18,11 +18,12 @@ from typing import Any, ParamSpec, TypeVar, overload
 from pydantic import BaseModel, JsonValue
 
 from treadle import clock, errors, hookresume, hooktokens, limits, payloads, serde, settings
+from treadle import runwrites as out_of_band
 from treadle.orchestrator import compat
 from treadle.orchestrator.runtime import Runtime
 from treadle.orchestrator.worker import Role, Worker
 from treadle.sdk import functions
-from treadle.world import constants, contract, events, ids, messages, records
+from treadle.world import constants, contract, events, ids, messages, records, specversions
 from treadle.worlds import open_world
 
 log = logging.getLogger("treadle.client")
@@ -99,28 +100,20 @@ class Run:
     async def wake_up(self, waits: list[str] | None = None) -> int:
         """Ask the orchestrator to end the run's sleeps now; returns how many were asked.
 
-        The request is recorded in the log before the wake is sent, so it is not lost
-        when the wake is coalesced into a running delivery. On a run that has ended
-        it records and sends nothing and returns 0 (no error): the World refuses a
-        ``wake_requested`` on a terminal run (``RunExpired``), also when the run ends
-        between the read here and the write.
+        On a spec 9 run the request is recorded in the log (``wake_requested``) before
+        the wake is sent, so it is not lost when the wake is coalesced into a running
+        delivery. On a spec 8 run each asked sleep is completed here (out-of-band
+        ``wait_completed``), then one wake is sent; the count is of the sleeps this call
+        completed (one another writer completed first is not counted). On a run that
+        has ended it records and sends nothing and returns 0 (no error): the World
+        refuses writes to a terminal run (``RunExpired``), also when the run ends
+        between the read here and the write. The wake carries the run's own version.
         """
         world = await self.app.world()
         run = compat.require_known_format(await world.runs.get(self.run_id))
         if run.is_terminal:
             return 0
-        page_events = await self.events()
-        open_waits = {e.correlation_id for e in page_events if e.type == "wait_created"} - {
-            e.correlation_id for e in page_events if e.type == "wait_completed"
-        }
-        asked = open_waits if waits is None else open_waits & set(waits)
-        try:
-            await world.events.create(self.run_id, events.WakeRequested(waits=waits), in_band=False)
-        except errors.RunExpired:
-            log.info("run %s: ended before its wake_up was recorded", self.run_id)
-            return 0
-        await world.queue.send(_wake(run))
-        return len(asked)
+        return await out_of_band.wake_up(world, run, await self.events(), waits)
 
 
 async def start_run(
@@ -161,6 +154,21 @@ async def start_run(
     return run
 
 
+_mint_warned: set[str] = set()
+
+
+def minted_spec_version(current: settings.Settings, world: contract.World) -> int:
+    """The format a new run gets (seed 003 "How new runs get their version"): minting is
+    the only reader of ``WORKFLOW_SPEC_VERSION``; its warning is logged once per process."""
+    minted = specversions.mint(
+        current.WORKFLOW_SPEC_VERSION, in_band_fence=world.capabilities.in_band_fence
+    )
+    if minted.warning is not None and minted.warning not in _mint_warned:
+        _mint_warned.add(minted.warning)
+        log.warning("%s (%s)", minted.warning, compat.world_name(world))
+    return minted.version
+
+
 def _start_message(run: records.RunRecord, data: JsonValue) -> messages.OrchestratorMessage:
     """The run's start message; carrying its input (turbo) only if it fits a message."""
     message = messages.OrchestratorMessage(
@@ -180,9 +188,7 @@ def _start_message(run: records.RunRecord, data: JsonValue) -> messages.Orchestr
 
 
 def _wake(run: records.RunRecord) -> messages.OrchestratorMessage:
-    return messages.OrchestratorMessage(
-        run_id=run.run_id, deployment_id=run.deployment_id, run_spec_version=run.spec_version
-    )
+    return out_of_band.wake_message(run)
 
 
 def _outcome(run: records.RunRecord) -> Any:
@@ -424,7 +430,7 @@ class Workflows:
 
     async def start_encoded(self, name: str, data: JsonValue) -> Run:
         world = await self.world()
-        spec = self.settings.spec_version
+        spec = minted_spec_version(self.settings, world)
         deployment = self.settings.TREADLE_DEPLOYMENT_ID
         wf = self._workflows.get(name)
         deployments = getattr(world, "deployments", None)

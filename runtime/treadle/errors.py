@@ -528,17 +528,18 @@ class RunNotSupported(WorldError):
 class FenceNotSupported(WorldError):
     """The World does not declare the in-band fence (``capabilities.in_band_fence``).
 
-    treadle creates and drives only spec 9 runs, which need the fence; it refuses
-    to create or drive one on such a World, before anything is written.
+    Spec 9 runs need the fence; treadle refuses to create or drive one on such a
+    World, before anything is written. Spec 8 runs need no fence: ``start`` mints 8
+    on a World without it (``specversions.mint``, with a one-time warning).
     """
 
     def __init__(self, world: str, *, spec_version: int, run_id: str | None = None) -> None:
         what = f"drive run {run_id}" if run_id is not None else "create a run"
         super().__init__(
             f"cannot {what} of spec version {spec_version} on the World {world}: it does not "
-            "declare the in-band fence (capabilities.in_band_fence) that spec 9 runs need, and "
-            "spec 8, the unfenced format, is not supported yet (WORKFLOW_SPEC_VERSION must be "
-            "9 or unset); use a World that implements the fence",
+            "declare the in-band fence (capabilities.in_band_fence) that spec 9 runs need; "
+            "such a World drives spec 8 runs only (WORKFLOW_SPEC_VERSION=8 or unset), or use "
+            "a World that implements the fence",
             run_id=run_id,
         )
         self.world = world

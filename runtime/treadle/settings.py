@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from treadle import errors, limits, redaction
+from treadle import errors, limits, redaction, specsettings
 from treadle.world import constants
 
 
@@ -22,7 +22,11 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(extra="ignore", frozen=True, case_sensitive=True)
 
     WORKFLOW_SPEC_VERSION: int | None = Field(
-        default=None, description="Run format minted for new runs (unset: 9)."
+        default=None,
+        description="Run format minted for new runs: 8 or 9 (unset: 9 on a World with the "
+        "in-band fence, 8 on one without; 9 on a World without it mints 8, with a warning). "
+        "Existing runs keep their own format.",
+        json_schema_extra={"allowed": "8, 9 or unset; any other value is refused"},
     )
     WORKFLOW_MAX_QUEUE_DELIVERIES: int = Field(
         default=48, ge=1, description="Orchestrator deliveries of one message before the run fails."
@@ -35,11 +39,15 @@ class Settings(BaseSettings):
         default=True,
         description="Spec 8: a wake defers to the delivery running an inline step (0: the "
         "immediate re-queue of earlier releases; stamping continues).",
+        json_schema_extra={"allowed": "1 or 0 (true or false)"},
     )
     WORKFLOW_INLINE_OWNERSHIP_LEASE_SECONDS: float = Field(
         default=860.0,
         description="Spec 8: how long a wake defers to the owner of an inline step "
         "(clamped to 1..900; 900 is the longest single delayed message).",
+        json_schema_extra={
+            "allowed": "1..900 seconds; outside is clamped (with a warning), not a number refused"
+        },
     )
     WORKFLOW_OPEN_WAIT_CLOCK_SKEW_MS: int = Field(
         default=1000,
@@ -269,29 +277,26 @@ class Settings(BaseSettings):
 
         return hooktokens.check_namespace(value)
 
-    @field_validator("WORKFLOW_INLINE_OWNERSHIP_LEASE_SECONDS")
+    @field_validator("WORKFLOW_INLINE_OWNERSHIP_LEASE_SECONDS", mode="before")
     @classmethod
-    def _clamp_lease(cls, value: float) -> float:
-        from treadle.orchestrator.spec8 import ownership
-
-        if value != value:  # NaN
-            raise ValueError("must be a number of seconds (1 to 900)")
-        return ownership.clamp_lease(value)
+    def _clamp_lease(cls, value: object) -> float:
+        return specsettings.lease_seconds(value)
 
     @field_validator("WORKFLOW_MAX_INLINE_STEPS")
     @classmethod
     def _clamp_inline(cls, value: int) -> int:
         return min(max(value, 0), 16)
 
-    @field_validator("WORKFLOW_SPEC_VERSION")
+    @field_validator("WORKFLOW_SPEC_VERSION", mode="before")
     @classmethod
-    def _known_spec(cls, value: int | None) -> int | None:
-        if value is None or value in constants.SUPPORTED_SPEC_VERSIONS:
-            return value
-        raise ValueError("must be 8 or 9 (or unset)")
+    def _known_spec(cls, value: object) -> int | None:
+        return specsettings.spec_version(value)
 
     @property
     def spec_version(self) -> int:
+        """The requested format, or 9: NOT what a World mints (``specversions.mint``, which
+        also reads the World's fence) and never the format of an existing run (its record).
+        Kept for callers of earlier releases; nothing in treadle reads it."""
         return self.WORKFLOW_SPEC_VERSION or constants.SPEC_VERSION_SINGLE_ORCHESTRATOR
 
 

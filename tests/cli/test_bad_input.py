@@ -54,8 +54,15 @@ CASES = [
     case(
         "bad-spec-version",
         ["start", "flows.py:hi", "--input", '{"name": "x"}'],
-        "WORKFLOW_SPEC_VERSION='8'",
-        env={"WORKFLOW_SPEC_VERSION": "8"},
+        "WORKFLOW_SPEC_VERSION='7': Value error, allowed values are 8 or 9 (or unset)",
+        env={"WORKFLOW_SPEC_VERSION": "7"},
+    ),
+    case(
+        "lease-not-a-number",
+        ["start", "flows.py:hi", "--input", '{"name": "x"}'],
+        "WORKFLOW_INLINE_OWNERSHIP_LEASE_SECONDS='nan': Value error, must be a number of "
+        "seconds (1 to 900",
+        env={"WORKFLOW_INLINE_OWNERSHIP_LEASE_SECONDS": "nan"},
     ),
     case(
         "unknown-world",

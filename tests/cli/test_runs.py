@@ -81,7 +81,7 @@ def test_settings_lists_every_setting(cli: Cli) -> None:
     assert rows["TREADLE_WORLD"]["value"] == "local:elsewhere"
     assert rows["TREADLE_WORLD"]["default"] == "local:.treadle"
     assert all(
-        set(row) == {"name", "default", "value", "from_environment", "description"}
+        set(row) == {"name", "default", "value", "from_environment", "description", "allowed"}
         for row in rows.values()
     )
 

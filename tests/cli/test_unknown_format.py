@@ -12,12 +12,12 @@ from tests.cli.conftest import Cli, one_error_line
 from treadle.worlds import open_world
 
 
-async def _spec_8_run(path: Path) -> str:
+async def _spec_7_run(path: Path) -> str:
     world = await open_world(f"local:{path}")
     try:
         run = await world.runs.create(
             workflow_name="hi", input={"args": ["x"], "kwargs": {}}, deployment_id="local",
-            spec_version=8,
+            spec_version=7,
         )  # fmt: skip
         return run.run_id
     finally:
@@ -27,12 +27,12 @@ async def _spec_8_run(path: Path) -> str:
 def test_cancel_and_wake_of_a_run_of_an_unknown_format_are_refused_and_write_nothing(
     cli: Cli,
 ) -> None:
-    run_id = asyncio.run(_spec_8_run(cli.cwd / "w"))
+    run_id = asyncio.run(_spec_7_run(cli.cwd / "w"))
     for argv in (("runs", "cancel", run_id), ("runs", "wake", run_id)):
         result = cli(*argv)
         assert result.returncode == 1, result.stderr
         line = one_error_line(result)
-        assert f"RunNotSupported: run {run_id} has spec version 8" in line
+        assert f"RunNotSupported: run {run_id} has spec version 7" in line
         assert "nothing was written" in line
     seen = cli.json("inspect", run_id)
     assert seen["status"] == "pending"

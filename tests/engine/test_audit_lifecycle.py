@@ -219,12 +219,12 @@ async def test_a_run_of_an_unknown_format_is_left_untouched(
 
     record = await faulty.runs.create(
         workflow_name="flow", input={"args": [], "kwargs": {}}, deployment_id="local",
-        spec_version=8,
+        spec_version=7,
     )  # fmt: skip
     await app.world()
     await faulty.queue.send(
         messages.OrchestratorMessage(run_id=record.run_id, deployment_id="local",
-                                     run_spec_version=8)
+                                     run_spec_version=7)
     )  # fmt: skip
     await faulty.queue.until(lambda: bool(faulty.queue.orchestrator_answers()))
     (answer,) = faulty.queue.orchestrator_answers()

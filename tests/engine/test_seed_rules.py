@@ -2,8 +2,8 @@
 H4, H5, RO5, RO7 and the "Observations" of section 5), on both Worlds.
 
 - The fence capability: a World that does not declare ``capabilities.in_band_fence``
-  never gets a spec 9 run: ``start`` refuses, and the orchestrator refuses to drive
-  one, before anything is written.
+  never gets a spec 9 run: ``start`` mints spec 8 there, a spec 9 ``start_run`` is
+  refused, and the orchestrator refuses to drive one, before anything is written.
 - ``RunNotSupported``: out-of-band writes to a run of a format this worker does not
   know are refused with nothing written; reads still work.
 - ``WORKFLOW_ORCHESTRATOR_READ_TIMEOUT_MS``: a tail read that hangs releases the run
@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from treadle import Hook, sleep
+from treadle import Hook, client, sleep
 from treadle.client import start_run
 from treadle.errors import FenceNotSupported, ReadTimedOut, RunNotSupported
 from treadle.world import events, messages, records
@@ -56,25 +56,40 @@ def _without_fence(world: FaultyWorld) -> FaultyWorld:
 # -- the fence capability (H4, RO5, RO7) ---------------------------------------------------
 
 
-async def test_a_world_without_the_fence_refuses_to_start_a_spec_9_run(
-    make_app: MakeApp, faulty: FaultyWorld
+async def test_a_world_without_the_fence_mints_spec_8_runs_and_refuses_a_spec_9_one(
+    make_app: MakeApp, faulty: FaultyWorld, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Seed 003: "the runtime refuses to create ... a spec 9 run on a World that does not
-    declare it", naming the capability; nothing is recorded and nothing is sent."""
-    app = make_app(world=_without_fence(faulty))
+    """Seed 003 "How new runs get their version" (issue 12 item 1): on a World that does not
+    declare the fence, ``start`` mints spec 8 (unset, and 9 asked for) with a warning logged
+    once per process; a spec 9 run asked for explicitly (``start_run``) is refused, naming
+    the capability, with nothing recorded and nothing sent."""
+    client._mint_warned.clear()
+    app = make_app(world=_without_fence(faulty), WORKFLOW_SPEC_VERSION=9)
 
     @app.workflow
     async def flow() -> str:
         return "never"
 
+    await app.world()
+    with caplog.at_level(logging.WARNING, logger="treadle.client"):
+        first = await app.start(flow)
+        second = await app.start(flow)
+    assert [(await r.get()).spec_version for r in (first, second)] == [8, 8]
+    starts = [s.message for s in faulty.queue.sent if s.message.kind == "orchestrator"]
+    assert [m.spec_version for m in starts][:2] == [8, 8]
+    warned = [r for r in caplog.records if "in-band writer fence" in r.getMessage()]
+    assert len(warned) == 1 and "new runs are spec 8" in warned[0].getMessage()
+
     with pytest.raises(FenceNotSupported) as refused:
-        await app.start(flow)
+        await start_run(
+            faulty, name="flow", data={"args": [], "kwargs": {}}, deployment_id="local",
+            spec_version=9, run_id="wrun_01JZZZZZZZZZZZZZZZZZZZZZZY",
+        )  # fmt: skip
     text = str(refused.value)
     assert "FaultyWorld" in text
     assert "capabilities.in_band_fence" in text
     assert "WORKFLOW_SPEC_VERSION" in text
-    assert not (await faulty.runs.list()).runs
-    assert faulty.queue.sent == []
+    assert len((await faulty.runs.list()).runs) == 2
 
 
 async def test_the_orchestrator_refuses_to_drive_a_spec_9_run_on_a_world_without_the_fence(
@@ -128,13 +143,13 @@ class Approval(Hook):
     ok: bool
 
 
-async def _spec_8_run_with_a_hook(world: Any, token: str) -> records.RunRecord:
-    """A run another release created (spec 8), holding a live hook and a sleep."""
+async def _spec_7_run_with_a_hook(world: Any, token: str) -> records.RunRecord:
+    """A run another release created (spec 7: neither 8 nor 9), holding a live hook."""
     run = await world.runs.create(
         workflow_name="flow",
         input={"args": [], "kwargs": {}},
         deployment_id="local",
-        spec_version=8,
+        spec_version=7,
     )
     await world.events.create(
         run.run_id,
@@ -154,14 +169,14 @@ async def test_out_of_band_writes_to_a_run_of_an_unknown_format_are_refused_with
     the run (status, events) still work."""
     app = make_app(world=faulty)
     await app.world()
-    before = await _spec_8_run_with_a_hook(faulty, "old-token")
+    before = await _spec_7_run_with_a_hook(faulty, "old-token")
     handle = app.get_run(before.run_id)
 
-    with pytest.raises(RunNotSupported, match=r"spec version 8.*supports 9"):
+    with pytest.raises(RunNotSupported, match=r"spec version 7.*supports 8, 9"):
         await app.resume_hook("old-token", Approval(ok=True))
     with pytest.raises(RunNotSupported) as refused:
         await handle.cancel(reason="no")
-    assert refused.value.run_id == before.run_id and refused.value.spec_version == 8
+    assert refused.value.run_id == before.run_id and refused.value.spec_version == 7
     with pytest.raises(RunNotSupported):
         await handle.wake_up()
 
@@ -188,7 +203,7 @@ async def test_a_step_message_of_an_unknown_format_runs_no_body_and_writes_nothi
 
     answers = faulty.queue.answers = SignallingAnswers()
     await app.world()
-    run = await _spec_8_run_with_a_hook(faulty, "old-step-token")
+    run = await _spec_7_run_with_a_hook(faulty, "old-step-token")
     await faulty.queue.send(
         messages.StepMessage(
             run_id=run.run_id,
@@ -197,7 +212,7 @@ async def test_a_step_message_of_an_unknown_format_runs_no_body_and_writes_nothi
             step_name="work",
             step_created_at=run.created_at,
             run_context=messages.RunContext(
-                spec_version=8, deployment_id="local", workflow_name="flow"
+                spec_version=7, deployment_id="local", workflow_name="flow"
             ),
             input={"args": [], "kwargs": {}},
         ),

@@ -14,7 +14,7 @@ from typing import Any
 from pydantic_core import PydanticUndefined
 
 from treadle import clock, errors, moves, payloads, redaction, settings
-from treadle.cli import common, output
+from treadle.cli import common, output, ownership
 from treadle.client import Workflows
 from treadle.world import contract, records
 
@@ -137,12 +137,18 @@ async def cmd_inspect(args: argparse.Namespace) -> int:
     async with _client(args) as app:
         run = await _existing(app, args.run)
         timeline = await app.get_run(run.run_id).events()
+    lease = app.settings.WORKFLOW_INLINE_OWNERSHIP_LEASE_SECONDS
+    owners = ownership.inline_ownership(run, timeline, lease_seconds=lease, now=clock.utcnow())
     if args.json:
         data = output.run_dict(run)
         data["events"] = [output.event_dict(e) for e in timeline]
+        if owners is not None:
+            data["inline_ownership"] = owners  # spec 8 runs only
         output.emit_json(data)
     else:
         output.print_timeline(run, timeline)
+        if owners is not None:
+            ownership.print_inline_ownership(owners, lease)
     return common.OK
 
 
@@ -230,6 +236,13 @@ def _default(field: Any) -> Any:
     return field.default
 
 
+def _allowed(field: Any) -> str | None:
+    """The values a setting takes, where its field names them (``allowed``)."""
+    extra = field.json_schema_extra
+    allowed = extra.get("allowed") if isinstance(extra, dict) else None
+    return allowed if isinstance(allowed, str) else None
+
+
 async def cmd_settings(args: argparse.Namespace) -> int:
     current = common.use_world(args.world)
     rows: list[dict[str, Any]] = []
@@ -241,6 +254,7 @@ async def cmd_settings(args: argparse.Namespace) -> int:
                 "value": getattr(current, name),
                 "from_environment": bool(os.environ.get(name, "").strip()),
                 "description": field.description or "",
+                "allowed": _allowed(field),
             }
         )
     if args.json:
@@ -253,7 +267,7 @@ async def cmd_settings(args: argparse.Namespace) -> int:
                 r["name"],
                 output.json_text(r["default"]),
                 output.json_text(r["value"]) + (" (env)" if r["from_environment"] else ""),
-                r["description"],
+                r["description"] + (f" Allowed: {r['allowed']}." if r["allowed"] else ""),
             ]
             for r in rows
         ],

@@ -3,10 +3,13 @@ the in-band fence", "The rollback floor").
 
 - ``require_fence``: a spec 9 run is created or driven only on a World that
   declares the in-band fence (``capabilities.in_band_fence``); otherwise
-  ``FenceNotSupported``, before anything is written. treadle has no spec 8
-  format to fall back to, so it refuses where the seed's runtime mints 8.
+  ``FenceNotSupported``, before anything is written. A spec 8 run needs no
+  fence; on a World without one, ``start`` mints 8 (``specversions.mint``), so
+  this refuses only a spec 9 run asked for explicitly (``start_run``) or one a
+  fenced process created that reaches a fence-less worker.
 - ``require_known_format``: an out-of-band write to a run whose spec version
-  this worker does not know is ``RunNotSupported``, before anything is written.
+  this worker does not know (neither 8 nor 9: ``SUPPORTED_SPEC_VERSIONS``) is
+  ``RunNotSupported``, before anything is written.
 
 Called by ``treadle.client`` (start, resume_hook, cancel, wake_up) and by
 ``orchestrator.delivery`` at the start of every delivery.

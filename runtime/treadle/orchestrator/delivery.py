@@ -28,13 +28,14 @@ from typing import Any
 
 from treadle import clock, errors, serde
 from treadle.orchestrator import compat, decisions, hookwrites, pinning, polling, steps
+from treadle.orchestrator import specrouting as by_spec
 from treadle.orchestrator.inline import InlineSteps, check_lease
 from treadle.orchestrator.runtime import Runtime
 from treadle.orchestrator.session import RunSession
 from treadle.orchestrator.waits import WaitArmer, ms, now_ms
 from treadle.orchestrator.writer import LeaseLost, Superseded
 from treadle.replay import engine, operations
-from treadle.world import constants, events, messages
+from treadle.world import constants, events, messages, specversions
 
 log = logging.getLogger("treadle.orchestrator.delivery")
 
@@ -146,6 +147,10 @@ class OrchestratorDelivery:
         state = self.session.state
         if state.terminal is not None:
             return messages.ACK
+        if by_spec.hands_off(state.spec_version, specversions.Family.SPEC9):
+            # A spec 8 run reached by a wrong hint: sent again with its own version before
+            # anything replays (seed 003 "Resolving a delivery's spec").
+            return await by_spec.hand_off(self.rt, self.message, state.spec_version)
         if state.deployment_id not in (None, self.rt.deployment_id):
             assert state.deployment_id is not None
             return await pinning.reroute(self.rt, self.message, state.deployment_id)

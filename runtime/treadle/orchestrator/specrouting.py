@@ -38,8 +38,24 @@ async def resolve(rt: Runtime, message: messages.OrchestratorMessage | messages.
     try:
         run = await rt.world.runs.get(message.run_id)
     except errors.RunNotFound:
-        return rt.settings.spec_version
+        return minted(rt)
     return run.spec_version
+
+
+def minted(rt: Runtime) -> int:
+    """The version this worker would mint for a new run: the family that handles a message
+    naming no run (seed 003 "Routing edge cases")."""
+    requested = rt.settings.WORKFLOW_SPEC_VERSION
+    return specversions.mint(requested, in_band_fence=rt.world.capabilities.in_band_fence).version
+
+
+def hands_off(run_spec_version: int, here: specversions.Family) -> bool:
+    """True when a delivery in the ``here`` orchestrator loaded a run of the other family:
+    a format this build drives (``SUPPORTED``) that is not ``here``'s. A version it does
+    not know at all is left for a worker that has it, never handed off."""
+    if run_spec_version not in specversions.SUPPORTED:
+        return False
+    return specversions.orchestrator_for(run_spec_version) is not here
 
 
 async def hand_off(

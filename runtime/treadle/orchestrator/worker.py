@@ -8,6 +8,17 @@ deployment after 1, 2, 4 s, then the run fails with ``DeploymentMismatch``),
 and a plain wake with nothing new since this process last consumed the run
 (one tail read, then ``Ack``). A step message of a run format this worker
 does not know is left alone (no body, no write; redelivered after 900 s).
+
+Routing by format (seed 003 "Resolving a delivery's spec"): an orchestrator
+message goes to the orchestrator of its run's format, read from the message's
+stamp (``run_input``, ``run_context``, ``run_spec_version``) or, unstamped, from
+one run row read (``specrouting.resolve``). A spec 8 run's messages, timer hops
+included, go to ``spec8.delivery.deliver`` after the deployment guard, never
+through the spec 9 fast paths (a spec 8 backstop wake finds nothing new in the
+log and must still replay). A version this build does not know goes to the
+spec 9 delivery, which loads the run and leaves it for a worker that has its
+format (or hands a wrongly hinted message to the run's own format). Step
+messages of both formats go to ``steps.handle_step_message``.
 """
 
 from __future__ import annotations
@@ -23,7 +34,7 @@ from treadle.orchestrator.delivery import OrchestratorDelivery
 from treadle.orchestrator.runtime import Runtime
 from treadle.orchestrator.spec8 import delivery as spec8_delivery
 from treadle.sdk import catalogue
-from treadle.world import constants, contract, messages, records
+from treadle.world import constants, contract, messages, records, specversions
 
 log = logging.getLogger("treadle.orchestrator.worker")
 
@@ -86,18 +97,31 @@ class Worker:
             if message.spec_version not in constants.SUPPORTED_SPEC_VERSIONS:
                 return self._unknown_format(message)
             return await steps.handle_step_message(self.rt, message, meta)
+        if await self.family(message) is specversions.Family.SPEC8:
+            if message.deployment_id not in (None, self.rt.deployment_id):
+                return await self._misrouted(message, meta, specversions.Family.SPEC8)
+            return await spec8_delivery.deliver(self.rt, message, meta)
         if message.is_intermediate_hop:
             return await self._hop(message)
         if message.deployment_id not in (None, self.rt.deployment_id):
             return await self._misrouted(message, meta)
-        if await specrouting.resolve(self.rt, message) < constants.SPEC_VERSION_SINGLE_ORCHESTRATOR:
-            return await spec8_delivery.deliver(self.rt, message, meta)
         if await self._nothing_new(message, meta):
             return messages.ACK
         return await OrchestratorDelivery(self.rt, message, meta).run()
 
+    async def family(self, message: messages.OrchestratorMessage) -> specversions.Family:
+        """The orchestrator family of the message's run: its stamp, else one run row read.
+        A version this build does not know is the spec 9 delivery's to leave alone."""
+        version = await specrouting.resolve(self.rt, message)
+        if version not in constants.SUPPORTED_SPEC_VERSIONS:
+            return specversions.Family.SPEC9
+        return specversions.orchestrator_for(version)
+
     async def _misrouted(
-        self, message: messages.OrchestratorMessage, meta: messages.DeliveryMeta
+        self,
+        message: messages.OrchestratorMessage,
+        meta: messages.DeliveryMeta,
+        family: specversions.Family = specversions.Family.SPEC9,
     ) -> messages.HandlerResult:
         """A message stamped with another deployment: the run's record, never the stamp,
         says where the run is pinned (security review H2: a forged stamp naming a gone
@@ -120,6 +144,8 @@ class Worker:
                 message.deployment_id,
             )
             fixed = message.model_copy(update={"deployment_id": run.deployment_id})
+            if family is specversions.Family.SPEC8:
+                return await spec8_delivery.deliver(self.rt, fixed, meta)
             if await self._nothing_new(fixed, meta):
                 return messages.ACK
             return await OrchestratorDelivery(self.rt, fixed, meta).run()

@@ -13,6 +13,7 @@ IN_BAND_SEQ_AT_RUN_CREATION: Final = 1
 
 SPEC_VERSION_LEGACY: Final = 8
 SPEC_VERSION_SINGLE_ORCHESTRATOR: Final = 9
+# The formats this build drives: spec 8 (multi-writer) and spec 9 (single orchestrator).
 SUPPORTED_SPEC_VERSIONS: Final = frozenset({SPEC_VERSION_LEGACY, SPEC_VERSION_SINGLE_ORCHESTRATOR})
 
 HOUR_MS: Final = 3_600_000
