@@ -6,19 +6,35 @@ checked on synthetic body records and logs, each a timeline of seed 000: a wake 
 an inline body a second time inside the lease is a failure (issue #2780), the two
 accepted residual risks are counted and never failed, a ``max_retries=0`` body runs at
 most once, a run with no message left is a wedge. The generator and the mode draws are
-checked for what the invariants rely on.
+checked for what the invariants rely on. Then spec 8 seeds run end to end: CI seeds
+0-49 (``--spec 8``), the pinned spec 8 seeds, the #2780 seed both ways (kill switch
+on and off) and owner-message loss recovered.
 """
 
 from __future__ import annotations
 
+import collections
+import dataclasses
+import json
 import random
+import subprocess
+import sys
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 
 from treadle.testing.memory.queue import LeaseLost
-from treadle.testing.simulation import faults, invariants8, spec8, workload, workload8
+from treadle.testing.simulation import (
+    Config,
+    FaultPlan,
+    faults,
+    invariants8,
+    simulate,
+    spec8,
+    workload,
+    workload8,
+)
 from treadle.testing.simulation.invariants import RunOutcome
 from treadle.testing.simulation.loop import EPOCH, MONOTONIC_ORIGIN
 from treadle.testing.simulation.workload import Actor, BodyRun, Program
@@ -289,3 +305,104 @@ def test_hook_mid_step_needs_the_payload_inside_the_body() -> None:
     inside = Program([race], [Actor(at=10.0, kind="resume", token="r0.o1")])
     late = Program([race], [Actor(at=25.0, kind="resume", token="r0.o1")])
     assert workload8.hook_mid_step(inside) and not workload8.hook_mid_step(late)
+
+
+# -- spec 8 seeds end to end (the real spec 8 delivery on the memory World) ---------------
+
+CI8_SEEDS = list(range(50))  # ~0.6 s of CPU each: 50 keep CI within its +60 s
+
+# Spec 8 seeds that once found a bug, each under its plan (``--spec 8``).
+PINNED8: list[tuple[int, str, str]] = []
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "treadle.testing.simulation", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+
+
+@pytest.fixture(scope="module")
+def ci8_results() -> dict[int, dict[str, Any]]:
+    """Every spec 8 CI seed (three spec 8 runs each), simulated once in one subprocess."""
+    done = _cli(
+        "--seeds", str(len(CI8_SEEDS)), "--start", str(CI8_SEEDS[0]), "--json", "--spec", "8"
+    )
+    lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert len(lines) == len(CI8_SEEDS), done.stderr[-2000:]
+    return {line["seed"]: line for line in lines}
+
+
+@pytest.mark.parametrize("seed", CI8_SEEDS)
+def test_spec8_seed_holds_every_invariant(
+    seed: int, ci8_results: dict[int, dict[str, Any]]
+) -> None:
+    """Every spec 8 invariant holds for this seed (faults drawn from the seed, the owner
+    faults included); residual risks are counted in its line, never failed."""
+    got = ci8_results[seed]
+    assert got["ok"], "\n".join([*got["violations"], got["replay"]])
+
+
+def test_spec8_ci_seeds_meet_the_shapes_they_exist_for(
+    ci8_results: dict[int, dict[str, Any]],
+) -> None:
+    """The seed set is not vacuous: the owner faults fire, and both residual risks occur."""
+    faults_seen = collections.Counter[str]()
+    residuals = collections.Counter[str]()
+    for line in ci8_results.values():
+        faults_seen.update(line["faults"])
+        residuals.update(line["residuals"])
+    assert faults_seen["kill_owner"] > 0 and faults_seen["lose_owner"] > 0, faults_seen
+    assert set(residuals) == set(invariants8.RESIDUALS), residuals
+
+
+@pytest.mark.parametrize(
+    ("seed", "plan"),
+    [pytest.param(seed, plan, id=f"{seed}: {bug}") for seed, plan, bug in PINNED8],
+)
+def test_pinned_spec8_seed_holds_every_invariant_under_its_plan(seed: int, plan: str) -> None:
+    """A spec 8 seed that once showed the bug in its id holds every invariant (findings:
+    docs/plans/spec8-findings.md, section sim8)."""
+    done = _cli("--seed", str(seed), "--plan", plan, "--spec", "8")
+    assert done.returncode == 0, (
+        "\n".join(x for x in done.stdout.splitlines() if x.startswith(("VIOLATION", "replay")))
+        or done.stderr[-2000:]
+    )
+
+
+# Seed 22, one run, no faults: the program starts with a 45 s inline step racing a hook
+# whose payload is sent at 22.5 s (inside the 30 s lease), in two worker processes.
+ISSUE_2780 = 22
+
+
+def test_the_kill_switch_brings_back_2780_and_ownership_prevents_it() -> None:
+    """Issue 12 item 5 / seed 000 "The bug being fixed": under the kill switch
+    ``WORKFLOW_INLINE_OWNERSHIP=0`` the hook's wake queues the running inline step and
+    its step message runs the body again in the other process, and the invariant
+    reports it; with ownership on, the same seed and plan pass: the wake arms a
+    backstop instead, and no residual risk is needed to excuse anything."""
+    config = Config(runs=1, plan=FaultPlan.none(), spec="8")
+    assert workload8.hook_mid_step(spec8.programs(ISSUE_2780, config.shape, [8])[0])
+    off = simulate(ISSUE_2780, dataclasses.replace(config, ownership=False))
+    found = [v for v in off.violations if v.kind == "duplicate_inline"]
+    assert any("step o1 " in v.detail for v in found), off.violations
+    assert "--no-ownership" in off.replay_command()
+    on = simulate(ISSUE_2780, config)
+    assert on.ok, [str(v) for v in on.violations]
+    assert not on.residuals and on.spec8_notes["backstops armed"] >= 1
+
+
+@pytest.mark.parametrize("seed", [4, 6])
+def test_a_lost_owner_message_is_recovered_by_the_lease_and_the_backstop(seed: int) -> None:
+    """Seed 000 "Why ownership requires a lease": an owner dies mid-body and the queue
+    loses its message; the run still ends (the backstop armed by a wake, or the first
+    wake after expiry, finds the lease expired and queues the step) and every invariant
+    holds."""
+    report = simulate(
+        seed, Config(runs=1, spec="8", plan=FaultPlan.parse("lose_owner=0.1,budget=1"))
+    )
+    assert report.faults["lose_owner"] == 1
+    assert report.ok, [str(v) for v in report.violations]

@@ -88,6 +88,9 @@ class RunOutcome:
     ownership_lease: float = 860.0
     faults_on_run: int = 0
     messages_left: int = 0
+    # When the simulation ended (it kills every process then: a body still running is
+    # cancelled by that, not by the engine; a spec 8 run may end while one still runs).
+    cut_at: float | None = None
 
 
 def _vt(e: events.LoggedEvent) -> float:

@@ -24,6 +24,9 @@ does promise, and ``judge(outcome)`` checks:
   delivery still held its lease and its process lived;
 - ``at_most_once``: a ``max_retries=0`` step's body ran twice (owned recovery of
   such a step fails it as exhausted; it never runs the body again);
+- ``exhausted_live``: a step failed as exhausted while its owner ran its body inside
+  the lease (past the lease, or by the owner's message redelivered, it is one of the
+  residual risks below: a ``max_retries=0`` step is failed, never run twice);
 - ``output`` (the program's fault-free result, as for spec 9: both formats give
   the same results), ``cancelled_body``, ``exhausted_unrun`` (only on a run no
   fault touched) and ``deliveries`` (twice spec 9's bound: nothing coalesces).
@@ -36,7 +39,11 @@ counted in ``Judgement.residuals`` and reported, never failed:
   the body; the redelivery's owned recovery overlaps it in another process (a
   step message redelivered the same way counts here too);
 - ``longer_than_lease``: the body outlived the ownership lease and the step ran
-  again (the backstop or a wake found the lease expired).
+  again, or (``max_retries=0``) was failed as exhausted, while it still ran (the
+  backstop or a wake found the lease expired).
+
+A body the simulation's end cut off (every process is killed then) is no
+``cancelled_body``: a spec 8 run may end while a body it no longer waits for runs.
 
 ``classify`` is the pure rule for one pair of bodies, unit-tested on synthetic
 records. Used by the runner for every run whose record says spec 8.
@@ -256,6 +263,7 @@ def _judge_bodies(o: RunOutcome, j: Judgement) -> None:
                 )
         for b in runs:
             legit = b.process in o.dead_processes or op_id in race_ids or o.cancelled_by_actor
+            legit = legit or (o.cut_at is not None and (b.ended or 0.0) + _EPS >= o.cut_at)
             if b.how == "cancelled" and not legit:
                 j.violations.append(
                     Violation(
@@ -265,6 +273,7 @@ def _judge_bodies(o: RunOutcome, j: Judgement) -> None:
                         f"{b.process}, which did not die",
                     )
                 )
+    _judge_exhausted_while_running(o, j, by_step, starts)
     if o.faults_on_run == 0 and not o.tainted:
         for e in o.log:
             err = getattr(e.event, "error", None)
@@ -276,6 +285,45 @@ def _judge_bodies(o: RunOutcome, j: Judgement) -> None:
                         rid,
                         f"step {e.correlation_id} failed as exhausted at slot {e.slot} "
                         "but its body never ran (no fault touched the run)",
+                    )
+                )
+
+
+def _judge_exhausted_while_running(
+    o: RunOutcome,
+    j: Judgement,
+    by_step: dict[str, list[BodyRun]],
+    starts: dict[tuple[str, int], float],
+) -> None:
+    """A step failed as exhausted while an inline body of it still ran (a ``max_retries=0``
+    step found running by a delivery that may not run it again): a residual risk past
+    the lease or by the owner's message redelivered, a failure inside the lease while
+    the owner lived (``exhausted_live``: the wake must have deferred to the owner)."""
+    for e in o.log:
+        err = getattr(e.event, "error", None)
+        if e.type != "step_failed" or err is None or err.type != "StepAttemptsExhausted":
+            continue
+        t = _vt(e)
+        for a in by_step.get(e.correlation_id or "", []):
+            running = a.started <= t + _EPS and (a.ended is None or a.ended > t + _EPS)
+            killed = o.killed_at.get(a.process)
+            if not running or a.kind != "orchestrator" or (killed is not None and killed <= t):
+                continue
+            stalls = o.stalls.get(a.process, [])
+            if t + _EPS >= starts.get((a.step_id, a.attempt), a.started) + o.ownership_lease:
+                j.residuals["longer_than_lease"] += 1
+                j.notes["longer_than_lease (failed as exhausted)"] += 1
+            elif _lapsed(a, t) or _stalled(stalls, a.started, t):
+                j.residuals["redelivery_while_alive"] += 1
+                j.notes["redelivery_while_alive (failed as exhausted)"] += 1
+            else:
+                j.violations.append(
+                    Violation(
+                        "exhausted_live",
+                        o.run_id,
+                        f"step {a.op_id} ({a.step_id}) failed as exhausted at {t:.3f} (slot "
+                        f"{e.slot}) while its owner ran attempt {a.attempt} in {a.process} "
+                        f"since {a.started:.3f}, inside the lease",
                     )
                 )
 

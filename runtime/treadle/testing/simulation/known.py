@@ -25,6 +25,7 @@ _SPEC8 = {
     "duplicate_inline": "#2780 (a wake ran an owned inline body again inside its lease)",
     "single_flight": "single-flight (two bodies of one step at once in one process)",
     "at_most_once": "seed 000 at-most-once (a max_retries=0 body ran twice)",
+    "exhausted_live": "seed 000 dispatch (failed as exhausted under a live owner, in lease)",
     "wedge": "wedge (no message left: the lease and backstop did not recover)",
     "never_ended": "spec 8 never ended (messages left; a wake or backstop loop?)",
     "overlap": "spec 8 step message overlap (queue lease held)",

@@ -407,4 +407,5 @@ async def _collect(
             if f.run_id == run_id or (f.run_id is None and start <= f.at <= end)
         ),
         messages_left=len(sim.backend.messages_of(run_id)),
+        cut_at=sim.now(),
     )
