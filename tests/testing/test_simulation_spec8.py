@@ -14,11 +14,13 @@ on and off) and owner-message loss recovered.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import json
 import random
 import subprocess
 import sys
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -311,8 +313,12 @@ def test_hook_mid_step_needs_the_payload_inside_the_body() -> None:
 
 CI8_SEEDS = list(range(50))  # ~0.6 s of CPU each: 50 keep CI within its +60 s
 
-# Spec 8 seeds that once found a bug, each under its plan (``--spec 8``).
-PINNED8: list[tuple[int, str, str]] = []
+# Spec 8 seeds that once found a bug (a planted one, below, until the soaks find real
+# ones), each under its plan and CLI arguments (``--spec 8``).
+PINNED8: list[tuple[int, str, tuple[str, ...], str]] = [
+    (22, "none", ("--runs", "1", "--processes", "1"), "single-flight: one process, 45 s body"),
+    (7, "kill_owner=0.1,budget=1", ("--runs", "1"), "at most once: owned recovery, r=0"),
+]
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -360,13 +366,15 @@ def test_spec8_ci_seeds_meet_the_shapes_they_exist_for(
 
 
 @pytest.mark.parametrize(
-    ("seed", "plan"),
-    [pytest.param(seed, plan, id=f"{seed}: {bug}") for seed, plan, bug in PINNED8],
+    ("seed", "plan", "args"),
+    [pytest.param(seed, plan, args, id=f"{seed}: {bug}") for seed, plan, args, bug in PINNED8],
 )
-def test_pinned_spec8_seed_holds_every_invariant_under_its_plan(seed: int, plan: str) -> None:
+def test_pinned_spec8_seed_holds_every_invariant_under_its_plan(
+    seed: int, plan: str, args: tuple[str, ...]
+) -> None:
     """A spec 8 seed that once showed the bug in its id holds every invariant (findings:
     docs/plans/spec8-findings.md, section sim8)."""
-    done = _cli("--seed", str(seed), "--plan", plan, "--spec", "8")
+    done = _cli("--seed", str(seed), "--plan", plan, "--spec", "8", *args)
     assert done.returncode == 0, (
         "\n".join(x for x in done.stdout.splitlines() if x.startswith(("VIOLATION", "replay")))
         or done.stderr[-2000:]
@@ -406,3 +414,44 @@ def test_a_lost_owner_message_is_recovered_by_the_lease_and_the_backstop(seed: i
     )
     assert report.faults["lose_owner"] == 1
     assert report.ok, [str(v) for v in report.violations]
+
+
+def test_planted_single_flight_defect_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Seed 000 "Why in-process single-flight is a required layer": in one process (the
+    local World's case) a 45 s body outlives the 30 s lease, the backstop finds it
+    expired and queues the step, and only the single-flight keeps its message from
+    running the body a second time. With every claim won, the invariant reports it."""
+    from treadle.orchestrator.spec8 import singleflight
+
+    seed, _, _, _ = PINNED8[0]
+    config = Config(runs=1, processes=1, plan=FaultPlan.none(), spec="8")
+    assert simulate(seed, config).ok
+
+    @contextlib.asynccontextmanager
+    async def always_won(
+        self: singleflight.SingleFlight, run_id: str, correlation_id: str
+    ) -> AsyncIterator[singleflight.Claim]:
+        yield singleflight.Claim(won=True)
+
+    monkeypatch.setattr(singleflight.SingleFlight, "claim", always_won)
+    report = simulate(seed, config)
+    assert "single_flight" in {v.kind for v in report.violations}, report.violations
+
+
+def test_planted_at_most_once_defect_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An owner killed mid-body while running a ``max_retries=0`` step: its redelivered
+    message's owned recovery must fail the step as exhausted. A delivery that reads
+    every budget as at least one retry runs the body again, and the invariant says so."""
+    from treadle.orchestrator.spec8.delivery import Spec8Delivery
+
+    seed, plan, _, _ = PINNED8[1]
+    config = Config(runs=1, plan=FaultPlan.parse(plan), spec="8")
+    assert simulate(seed, config).ok
+    real = Spec8Delivery._max_retries
+
+    def one_more(self: Spec8Delivery, step_name: str, recorded: int | None) -> int:
+        return max(real(self, step_name, recorded), 1)
+
+    monkeypatch.setattr(Spec8Delivery, "_max_retries", one_more)
+    report = simulate(seed, config)
+    assert "at_most_once" in {v.kind for v in report.violations}, report.violations
