@@ -125,6 +125,31 @@ def test_a_stalled_owner_redelivered_is_the_first_residual_too() -> None:
     assert classify(owner, recovery) == "duplicate_inline"  # no lapse, no stall: a bug
 
 
+def test_either_live_delivery_of_the_owners_message_may_recover_it() -> None:
+    """Seed 518 / 616 (``--processes 3``): the owner's process stalled past its lease, its
+    message was delivered again elsewhere while the first delivery still lived, and a
+    recovery with no free inline slot went through the step's own message: a second
+    body under another message id, still the first residual risk. Without a concurrent
+    redelivery the same timeline is a duplicate."""
+    owner = body(0, 90, message="m1")
+    by_step_message = body(26.7, 60, process="p3", kind="step", message="s9", attempt=2)
+    assert classify(owner, by_step_message, redelivered_at=26.6) == "redelivery_while_alive"
+    assert classify(owner, by_step_message, redelivered_at=27.0) == "duplicate_inline"
+    assert classify(owner, by_step_message) == "duplicate_inline"
+
+
+def test_a_redelivery_counts_only_while_an_earlier_delivery_lives() -> None:
+    d = workload.DeliveryRun
+    first = d(RUN, "m1", "t1", "p1", started=0.0)
+    again = d(RUN, "m1", "t2", "p3", started=26.6)
+    assert invariants8.redelivered_while_alive([first, again], {}) == {"m1": 26.6}
+    # The first settled (a Redeliver, say) before the message came back: no residual.
+    settled = d(RUN, "m1", "t1", "p1", started=0.0, settled=20.0)
+    assert invariants8.redelivered_while_alive([settled, again], {}) == {}
+    # The first delivery's process died before: ordinary recovery, no residual.
+    assert invariants8.redelivered_while_alive([first, again], {"p1": 25.0}) == {}
+
+
 def test_a_redelivery_of_another_message_is_no_residual() -> None:
     """Only the owner's own message may recover it inside the lease."""
     owner = body(0, 20, lapsed_at=8)

@@ -42,6 +42,7 @@ def _config(args: argparse.Namespace) -> Config:
         plan=plan,
         spec=args.spec,
         ownership=not args.no_ownership,
+        ownership_lease=args.lease,
     )
 
 
@@ -162,6 +163,12 @@ def main(argv: list[str] | None = None) -> int:
         choices=spec8.MODES,
         default=spec8.default_mode(),
         help="run formats: 9, 8, or mixed (each run either; the default where spec 8 runs)",
+    )
+    p.add_argument(
+        "--lease",
+        type=float,
+        default=Config.ownership_lease,
+        help="spec 8: WORKFLOW_INLINE_OWNERSHIP_LEASE_SECONDS in virtual seconds (1 to 900)",
     )
     p.add_argument(
         "--no-ownership",

@@ -42,6 +42,7 @@ from treadle.sdk import functions
 from treadle.testing.simulation.loop import EPOCH
 from treadle.testing.simulation.workload import (
     BodyRun,
+    DeliveryRun,
     Program,
     expected,
     may_conflict_with_own_hook,
@@ -91,6 +92,8 @@ class RunOutcome:
     # When the simulation ended (it kills every process then: a body still running is
     # cancelled by that, not by the engine; a spec 8 run may end while one still runs).
     cut_at: float | None = None
+    # Every delivery of the run's messages (start, settlement, process).
+    delivery_runs: list[DeliveryRun] = field(default_factory=list)
 
 
 def _vt(e: events.LoggedEvent) -> float:

@@ -35,9 +35,10 @@ The only exceptions tolerated are seed 000's "Accepted residual risks", each
 counted in ``Judgement.residuals`` and reported, never failed:
 
 - ``redelivery_while_alive``: the queue delivered the owner's message again
-  (its lease lapsed, or its process stalled past it) while the owner still ran
-  the body; the redelivery's owned recovery overlaps it in another process (a
-  step message redelivered the same way counts here too);
+  (its lease lapsed, or its process stalled past it) while an earlier delivery of it
+  still lived; either may then recover the step (inline, or through the step's
+  message when it has no free inline slot) while the other runs the body (a step
+  message redelivered the same way counts here too);
 - ``longer_than_lease``: the body outlived the ownership lease and the step ran
   again, or (``max_retries=0``) was failed as exhausted, while it still ran (the
   backstop or a wake found the lease expired).
@@ -53,14 +54,14 @@ from __future__ import annotations
 
 import collections
 import itertools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
 from treadle.testing.simulation import invariants
 from treadle.testing.simulation.invariants import RunOutcome, Violation
 from treadle.testing.simulation.loop import EPOCH
-from treadle.testing.simulation.workload import BodyRun, outcomes_expected
+from treadle.testing.simulation.workload import BodyRun, DeliveryRun, outcomes_expected
 from treadle.world import events, logcheck
 
 Verdict = Literal[
@@ -105,12 +106,16 @@ def classify(
     lease: float,
     killed_at: float | None = None,
     stalls: Sequence[tuple[float, float]] = (),
+    redelivered_at: float | None = None,
 ) -> Verdict:
     """How body ``b`` of a step (started later) stands to body ``a`` of the same step.
 
     ``epoch`` is the virtual time of the ``step_started`` that ``a`` ran under (its
     ownership epoch), ``lease`` the ownership lease, ``killed_at`` and ``stalls`` those
-    of ``a``'s process.
+    of ``a``'s process, ``redelivered_at`` the first time ``a``'s message was delivered
+    again while an earlier delivery of it still lived (``redelivered_while_alive``).
+    Either live delivery may recover the step, inline or through the step's message
+    (no free inline slot), so from then on a second body is the first residual risk.
     """
     if a.ended is not None and a.ended <= b.started + _EPS:
         return "sequential"
@@ -127,14 +132,32 @@ def classify(
         return "single_flight"
     if b.started + _EPS >= epoch + lease:
         return "longer_than_lease"
-    redelivered = b.kind == "orchestrator" and b.message_id is not None
-    if (
-        redelivered
-        and b.message_id == a.message_id
-        and (_lapsed(a, b.started) or _stalled(stalls, a.started, b.started))
-    ):
+    if redelivered_at is not None and redelivered_at <= b.started + _EPS:
+        return "redelivery_while_alive"
+    same = b.kind == "orchestrator" and b.message_id is not None and b.message_id == a.message_id
+    if same and (_lapsed(a, b.started) or _stalled(stalls, a.started, b.started)):
         return "redelivery_while_alive"
     return "duplicate_inline"
+
+
+def redelivered_while_alive(
+    deliveries: Sequence[DeliveryRun], killed_at: Mapping[str, float | None]
+) -> dict[str, float]:
+    """Message id -> the first time it was delivered again while an earlier delivery of
+    it had neither settled nor lost its process (seed 000: a visibility lapse or a
+    heartbeat partition inside the queue)."""
+    by_message: dict[str, list[DeliveryRun]] = {}
+    for d in deliveries:
+        by_message.setdefault(d.message_id, []).append(d)
+    found: dict[str, float] = {}
+    for message_id, runs in by_message.items():
+        runs.sort(key=lambda d: d.started)
+        for first, later in itertools.combinations(runs, 2):
+            died = killed_at.get(first.process)
+            settled = first.settled if first.settled is not None else float("inf")
+            if settled > later.started and (died is None or died > later.started):
+                found[message_id] = min(found.get(message_id, later.started), later.started)
+    return found
 
 
 def _vt(e: events.LoggedEvent) -> float:
@@ -223,6 +246,7 @@ def _rerun_excused(verdict: Verdict, a: BodyRun, b: BodyRun, o: RunOutcome) -> b
 def _judge_bodies(o: RunOutcome, j: Judgement) -> None:
     rid = o.run_id
     starts = epochs(o.log)
+    again = redelivered_while_alive(o.delivery_runs, o.killed_at)
     retries = _retries(o)
     by_step: dict[str, list[BodyRun]] = {}
     for b in o.bodies:
@@ -241,6 +265,7 @@ def _judge_bodies(o: RunOutcome, j: Judgement) -> None:
                 lease=o.ownership_lease,
                 killed_at=o.killed_at.get(a.process),
                 stalls=o.stalls.get(a.process, []),
+                redelivered_at=again.get(a.message_id or ""),
             )
             if a.kind == "orchestrator" and b.message_id == a.message_id and b.kind == a.kind:
                 j.notes["owned recoveries"] += 1
@@ -273,7 +298,7 @@ def _judge_bodies(o: RunOutcome, j: Judgement) -> None:
                         f"{b.process}, which did not die",
                     )
                 )
-    _judge_exhausted_while_running(o, j, by_step, starts)
+    _judge_exhausted_while_running(o, j, by_step, starts, again)
     if o.faults_on_run == 0 and not o.tainted:
         for e in o.log:
             err = getattr(e.event, "error", None)
@@ -294,6 +319,7 @@ def _judge_exhausted_while_running(
     j: Judgement,
     by_step: dict[str, list[BodyRun]],
     starts: dict[tuple[str, int], float],
+    again: dict[str, float],
 ) -> None:
     """A step failed as exhausted while an inline body of it still ran (a ``max_retries=0``
     step found running by a delivery that may not run it again): a residual risk past
@@ -313,7 +339,9 @@ def _judge_exhausted_while_running(
             if t + _EPS >= starts.get((a.step_id, a.attempt), a.started) + o.ownership_lease:
                 j.residuals["longer_than_lease"] += 1
                 j.notes["longer_than_lease (failed as exhausted)"] += 1
-            elif _lapsed(a, t) or _stalled(stalls, a.started, t):
+            elif again.get(a.message_id or "", float("inf")) <= t + _EPS or (
+                _lapsed(a, t) or _stalled(stalls, a.started, t)
+            ):
                 j.residuals["redelivery_while_alive"] += 1
                 j.notes["redelivery_while_alive (failed as exhausted)"] += 1
             else:

@@ -119,6 +119,8 @@ class Report:
         parts.append(f"--spec {c.spec}")
         if not c.ownership:
             parts.append("--no-ownership")
+        if c.ownership_lease != Config.ownership_lease:
+            parts.append(f"--lease {c.ownership_lease:g}")
         return " ".join(parts)
 
 
@@ -408,4 +410,5 @@ async def _collect(
         ),
         messages_left=len(sim.backend.messages_of(run_id)),
         cut_at=sim.now(),
+        delivery_runs=sim.ledger.deliveries_of(run_id),
     )

@@ -73,13 +73,31 @@ class BodyRun:
 
 
 @dataclass
+class DeliveryRun:
+    """One delivery of a queue message to a process's handler (spec 8 checks: was the
+    owner's message delivered again while an earlier delivery of it still lived?)."""
+
+    run_id: str
+    message_id: str
+    token: str
+    process: str
+    started: float
+    settled: float | None = None
+
+
+@dataclass
 class Ledger:
-    """Every step body start and end, in order; owned by the simulation."""
+    """Every step body start and end, in order; owned by the simulation. Also every
+    delivery's start and settlement (recorded by ``processes.ProcessInterceptor``)."""
 
     bodies: list[BodyRun] = field(default_factory=list)
+    deliveries: dict[str, DeliveryRun] = field(default_factory=dict)  # by lease token
 
     def of_run(self, run_id: str) -> list[BodyRun]:
         return [b for b in self.bodies if b.run_id == run_id]
+
+    def deliveries_of(self, run_id: str) -> list[DeliveryRun]:
+        return [d for d in self.deliveries.values() if d.run_id == run_id]
 
 
 @dataclass
