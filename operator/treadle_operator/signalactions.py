@@ -20,6 +20,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from treadle import errors as engine_errors
 from treadle import hookresume, hooktokens, serde
+from treadle import runwrites as out_of_band
 from treadle.world import events, messages
 from treadle.world.records import HookRecord
 from treadle_operator import models, signaltargets
@@ -221,9 +222,15 @@ async def wake(
     waits = spec.wake.waits if spec.wake is not None else None
     open_waits = set((await _view(target)).waits)
     asked = open_waits if waits is None else open_waits & set(waits)
-    await _append(target, body, events.WakeRequested(waits=waits))
     run = target.run
     assert run is not None
+    if out_of_band.completes_waits_itself(run):
+        # A spec 8 run never receives a wake_requested: its waits are completed here.
+        done = await out_of_band.complete_waits(target.world, run, sorted(asked))
+        plural = "sleep" if done == 1 else "sleeps"
+        ended = f"ended {done} {plural} of run {run.run_id}"
+        return Outcome("Woken", ended, {"run_id": run.run_id})
+    await _append(target, body, events.WakeRequested(waits=waits))
     await target.world.queue.send(
         messages.OrchestratorMessage(
             run_id=run.run_id, deployment_id=run.deployment_id, run_spec_version=run.spec_version

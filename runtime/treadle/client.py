@@ -136,7 +136,8 @@ async def start_run(
 
     Safe to retry with the same ``run_id``: the World returns the run already
     recorded, and a second start message is only a wake for a run that exists.
-    ``FenceNotSupported`` (nothing recorded) on a World without the in-band fence.
+    ``FenceNotSupported`` (nothing recorded) for a spec 9 run on a World without the
+    in-band fence (``Workflows.start`` never asks for one there: it mints 8).
     """
     limits.check_value(data, f"workflow {name} input", limits_, envelope=2)
     if attributes:

@@ -12,7 +12,8 @@ the orchestrator"): never ``WORKFLOW_SPEC_VERSION``, always the run's record.
 - ``wake_message``: the plain wake of a run, stamped with its version and
   deployment (cancel, resume and wake-up send it).
 
-Called by ``treadle.client`` (``Run.wake_up``).
+Called by ``treadle.client`` (``Run.wake_up``) and the operator's ``WorkflowSignal`` Wake
+(``treadle_operator.signalactions``).
 """
 
 from __future__ import annotations
@@ -60,8 +61,8 @@ async def wake_up(
         return 0
     still_open = open_waits(logged)
     asked = still_open if waits is None else [cid for cid in still_open if cid in set(waits)]
-    if specversions.orchestrator_for(run.spec_version) is specversions.Family.SPEC8:
-        return await _complete_spec8(world, run, asked)
+    if completes_waits_itself(run):
+        return await complete_waits(world, run, asked)
     try:
         await world.events.create(run.run_id, events.WakeRequested(waits=waits), in_band=False)
     except errors.RunExpired:
@@ -71,7 +72,16 @@ async def wake_up(
     return len(asked)
 
 
-async def _complete_spec8(world: contract.World, run: records.RunRecord, asked: list[str]) -> int:
+def completes_waits_itself(run: records.RunRecord) -> bool:
+    """A wake-up of this run completes its waits itself (spec 8) rather than recording a
+    ``wake_requested`` (spec 9, which a spec 8 run never receives)."""
+    return specversions.orchestrator_for(run.spec_version) is specversions.Family.SPEC8
+
+
+async def complete_waits(world: contract.World, run: records.RunRecord, asked: list[str]) -> int:
+    """A spec 8 run's wake-up: ``wait_completed`` out-of-band for each of ``asked`` (a
+    ``WaitAlreadyCompleted`` refusal is another writer's completion, not counted), then
+    one wake stamped with the run's version; how many this call completed."""
     completed = 0
     for cid in asked:
         try:

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 from tests.cli.conftest import Cli
 
@@ -88,7 +90,10 @@ def test_inspect_shows_each_inline_steps_owner_phase_and_backstop(cli: Cli) -> N
         True,
     )
     assert retried["backstop_due_at"] is None and retried["backstop_key"] is None
-    assert rows["step_done"]["phase"] == "terminal"
+    done = rows["step_done"]
+    assert (done["phase"], done["owner_message_id"]) == ("terminal", None)
+    assert done["last_start_owner_message_id"] == OWNER
+    assert retried["last_start_owner_message_id"] == OWNER  # stamped, then lapsed by the retry
 
     table = cli("inspect", run_id, env=env)
     assert table.returncode == 0, table.stderr
@@ -98,7 +103,61 @@ def test_inspect_shows_each_inline_steps_owner_phase_and_backstop(cli: Cli) -> N
     first = lines[0].split()
     assert first[:4] == ["step_owned", "greet", "owned", OWNER]
     assert first[-1] == owned["backstop_key"]
-    assert lines[1].split()[:3] == ["step_retried", "greet", "unowned"]
+    assert lines[1].split()[:4] == ["step_retried", "greet", "unowned", "-"]
+    assert lines[2].split()[:6] == ["step_done", "greet", "terminal", OWNER, "(ran", "it)"]
+
+
+HELD = '''
+"""A spec 8 run whose inline step holds until a file appears."""
+
+import asyncio
+import os
+
+from treadle import Workflows
+
+app = Workflows()
+
+
+@app.step
+async def hold(path: str) -> str:
+    while not os.path.exists(path):
+        await asyncio.sleep(0.05)
+    return "released"
+
+
+@app.workflow
+async def held(path: str) -> str:
+    return await hold(path)
+'''
+
+
+def _owned(seen: dict[str, Any]) -> bool:
+    return any(r["phase"] == "owned" for r in seen.get("inline_ownership") or [])
+
+
+def test_inspect_shows_the_worker_message_that_owns_a_running_inline_step(cli: Cli) -> None:
+    """A real spec 8 run in a worker process: while its inline step's body runs, another
+    process's inspect names the owning message and the backstop; once it ended, the
+    message that ran it."""
+    (cli.cwd / "held.py").write_text(HELD)
+    cli.env["WORKFLOW_SPEC_VERSION"] = "8"
+    release = cli.cwd / "release"
+    run_id = cli("start", "held.py:held", "--input", json.dumps({"path": str(release)}))
+    run_id_text = run_id.stdout.strip()
+    assert run_id.returncode == 0 and run_id_text.startswith("wrun_"), run_id.stderr
+    worker = cli.background("worker", "held.py", "--grace", "1")
+    seen = cli.wait_for_run(run_id_text, _owned)
+    assert seen["spec_version"] == 8
+    (row,) = seen["inline_ownership"]
+    assert row["step_name"] == "hold" and row["owner_message_id"].startswith("msg_")
+    assert row["backstop_key"].startswith(f"{row['correlation_id']}:backstop:")
+    release.write_text("go")
+    done = cli.wait_for_run(run_id_text, lambda r: r["status"] == "completed")
+    (ended,) = done["inline_ownership"]
+    assert ended["phase"] == "terminal"
+    assert ended["last_start_owner_message_id"] == row["owner_message_id"]
+    worker.send_signal(signal.SIGTERM)
+    worker.communicate(timeout=20)
 
 
 def test_inspect_of_a_spec_9_run_is_unchanged(cli: Cli) -> None:

@@ -36,9 +36,25 @@ MakeApp = Callable[..., Workflows]
 OpenWorld = Callable[..., Awaitable[Any]]
 
 
-@pytest.fixture(params=["local", "postgres+nats"])
+# A module marked ``pytestmark = BOTH_FORMATS`` runs each of its tests three ways: spec 9
+# on both Worlds, and spec 8 on the local World (issue 12 "Done when": the engine suites
+# on both formats); each app of the test mints its runs in that format.
+WORLD_CASES = ["local", "postgres+nats"]
+BOTH_FORMATS = pytest.mark.parametrize("open_world", [*WORLD_CASES, "local-spec8"], indirect=True)
+
+
+@pytest.fixture(params=WORLD_CASES)
 def open_world(request: pytest.FixtureRequest, tmp_path: Path) -> OpenWorld:
-    """Opens the World under test: the local one, or Postgres + NATS on real servers."""
+    """Opens the World under test: the local one, or Postgres + NATS on real servers.
+    ``local-spec8``: the local World, with the test's apps minting spec 8 runs (its
+    opener's ``spec_version``)."""
+    if request.param == "local-spec8":
+
+        async def local8(tuning: contract.QueueTuning | None = None) -> Any:
+            return await LocalWorld(tmp_path / "world", tuning=tuning or TUNING).open()
+
+        local8.spec_version = 8  # type: ignore[attr-defined]
+        return local8
     if request.param == "local":
 
         async def local(tuning: contract.QueueTuning | None = None) -> Any:
@@ -65,6 +81,12 @@ def open_world(request: pytest.FixtureRequest, tmp_path: Path) -> OpenWorld:
 
 
 @pytest.fixture
+def spec_version(open_world: OpenWorld) -> int:
+    """The format the test's apps mint: 8 under ``local-spec8``, else 9."""
+    return int(getattr(open_world, "spec_version", 9))
+
+
+@pytest.fixture
 async def faulty(open_world: OpenWorld) -> FaultyWorld:
     """A fault-injecting wrapper around an open World (closed by make_app's cleanup)."""
     return FaultyWorld(await open_world())
@@ -75,7 +97,11 @@ async def make_app(open_world: OpenWorld) -> AsyncIterator[MakeApp]:
     """``make_app(world=None, **settings)``: an app on the World under test."""
     apps: list[Workflows] = []
 
+    minted = getattr(open_world, "spec_version", None)
+
     def make(world: contract.World | None = None, **overrides: Any) -> Workflows:
+        if minted is not None:
+            overrides.setdefault("WORKFLOW_SPEC_VERSION", minted)
         tuned = settings.load({}, **{**FAST, **overrides})
         app = Workflows(world=world or _Lazy(open_world), settings_=tuned, worker=True)  # type: ignore[arg-type]
         apps.append(app)

@@ -8,10 +8,13 @@ import time
 import pytest
 
 from treadle import Hook, HookConflictError, create_hook, sleep
-from treadle.errors import HookNotFound, RunExpired
+from treadle.errors import HookNotFound, RunExpired, WorldContractError
 from treadle.world import events
 
-from .conftest import MakeApp
+from .conftest import BOTH_FORMATS, MakeApp
+
+# Spec 9 on both Worlds and spec 8 on the local one.
+pytestmark = BOTH_FORMATS
 
 
 class Approval(Hook):
@@ -181,7 +184,7 @@ async def test_wake_up_ends_a_sleep_at_once(make_app: MakeApp) -> None:
 
 
 async def test_wake_up_of_an_ended_run_returns_zero_and_records_nothing(
-    make_app: MakeApp,
+    make_app: MakeApp, spec_version: int
 ) -> None:
     """A wake_up() after the run ended is 0, no error, and adds nothing after the end.
 
@@ -205,6 +208,8 @@ async def test_wake_up_of_an_ended_run_returns_zero_and_records_nothing(
     after = await run.events()
     assert [e.slot for e in after] == [e.slot for e in before]
     world = await app.world()
-    with pytest.raises(RunExpired):
+    # A spec 8 run never receives a wake_requested at all (a spec 9 event).
+    refused = RunExpired if spec_version == 9 else WorldContractError
+    with pytest.raises(refused):
         await world.events.create(run.run_id, events.WakeRequested(), in_band=False)
     assert (await world.runs.get(run.run_id)).seq == before[-1].slot

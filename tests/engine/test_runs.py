@@ -10,11 +10,18 @@ import pytest
 from treadle import FatalError, RetryableError, StepFailed, sleep, step_metadata
 from treadle.errors import RunFailedError
 
-from .conftest import MakeApp
+from .conftest import BOTH_FORMATS, MakeApp
+
+# Spec 9 on both Worlds and spec 8 on the local one.
+pytestmark = BOTH_FORMATS
 
 
-async def test_sequential_steps_and_a_sleep_leave_the_expected_log(make_app: MakeApp) -> None:
-    """Inline steps are created by their first in-band step_started; a sleep is a wait pair."""
+async def test_sequential_steps_and_a_sleep_leave_the_expected_log(
+    make_app: MakeApp, spec_version: int
+) -> None:
+    """Inline steps are created by their first step_started; a sleep is a wait pair. Spec 9
+    writes in-band; spec 8 writes every event after run_created out-of-band and stamps an
+    inline start with its owner message (seed 000)."""
     app = make_app()
 
     @app.step
@@ -34,9 +41,13 @@ async def test_sequential_steps_and_a_sleep_leave_the_expected_log(make_app: Mak
         "run_created", "run_started", "step_started", "step_completed", "wait_created",
         "wait_completed", "step_started", "step_completed", "run_completed",
     ]  # fmt: skip
-    assert all(e.in_band for e in log)
+    if spec_version == 9:
+        assert all(e.in_band for e in log)
+    else:
+        assert not any(e.in_band for e in log[1:])
     first_start = log[2].event
     assert first_start.type == "step_started" and first_start.inline and first_start.input
+    assert (first_start.owner_message_id is not None) == (spec_version == 8)
 
 
 async def test_fan_out_runs_three_inline_and_the_rest_in_the_background(make_app: MakeApp) -> None:
@@ -66,8 +77,11 @@ async def test_fan_out_runs_three_inline_and_the_rest_in_the_background(make_app
     assert len(background_starts) == 37 and not any(e.in_band for e in background_starts)
 
 
-async def test_a_failing_inline_step_retries_from_its_own_message(make_app: MakeApp) -> None:
-    """E3: an inline step's retry is written in-band and moves to the step's own message."""
+async def test_a_failing_inline_step_retries_from_its_own_message(
+    make_app: MakeApp, spec_version: int
+) -> None:
+    """E3: an inline step's retry is written by the delivery (in-band on spec 9) and moves
+    to the step's own message."""
     app = make_app()
     attempts: list[int] = []
 
@@ -87,7 +101,7 @@ async def test_a_failing_inline_step_retries_from_its_own_message(make_app: Make
     assert attempts == [1, 2, 3]
     log = await run.events()
     retrying = [e for e in log if e.type == "step_retrying"]
-    assert retrying[0].in_band and retrying[0].event.creator_message_id
+    assert retrying[0].in_band == (spec_version == 9) and retrying[0].event.creator_message_id
     assert not retrying[1].in_band, "the second retry is the step message's own, in place"
     starts = [e for e in log if e.type == "step_started"]
     assert [s.event.inline for s in starts] == [True, False, False]

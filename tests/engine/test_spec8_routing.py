@@ -12,14 +12,16 @@ orchestrator", "Routing edge cases"), on the local World.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
 
-from treadle import Workflows, runwrites, settings
+from treadle import Workflows, runwrites, settings, sleep
 from treadle.orchestrator.delivery import OrchestratorDelivery
+from treadle.orchestrator.worker import Worker
 from treadle.world import events, messages, records
 from treadle.worlds.local import LocalWorld
 
@@ -173,5 +175,90 @@ async def test_start_mints_the_run_format_from_the_setting_and_the_worlds_fence(
         assert start.message.run_input is not None
         assert start.message.run_input.spec_version == minted
         assert caplog.records == []
+    finally:
+        await world.close()
+
+
+@pytest.mark.parametrize(("run_version", "hint"), [(8, 9), (9, 8)])
+async def test_a_wrongly_hinted_wake_still_drives_the_run_in_its_own_format(
+    tmp_path: Path, run_version: int, hint: int
+) -> None:
+    """Seed 003 "Resolving a delivery's spec", end to end with a worker: a sleeping run's
+    wait is completed out-of-band and a wake hinting the other format is sent. The wrong
+    orchestrator sends it again with the run's version (one hand-off, stamped
+    ``run_version``) and the run's own orchestrator completes it; a run never changes
+    format."""
+    world = await _world(tmp_path)
+    app = Workflows(
+        world=world,  # type: ignore[arg-type]
+        settings_=settings.load({}, **FAST, WORKFLOW_SPEC_VERSION=run_version),
+        worker=True,
+    )
+    try:
+
+        @app.workflow
+        async def napping() -> str:
+            await sleep("1h")
+            return "rested"
+
+        run = await app.start(napping)
+        waits: list[str | None] = []
+        async with asyncio.timeout(10):
+            while not waits:  # the World's view of the worker's progress
+                waits = [e.correlation_id for e in await run.events() if e.type == "wait_created"]
+                await asyncio.sleep(0.02)
+        (wait,) = waits
+        assert wait is not None
+        await world.events.create(
+            run.run_id, events.WaitCompleted(correlation_id=wait), in_band=False
+        )
+        sent_before = len(world.queue.sent)
+        await world.queue.send(
+            messages.OrchestratorMessage(
+                run_id=run.run_id, deployment_id="local", run_spec_version=hint
+            )
+        )
+        assert await run.result(timeout=15) == "rested"
+        assert (await run.get()).spec_version == run_version
+        later = [
+            s.message
+            for s in world.queue.sent[sent_before + 1 :]
+            if isinstance(s.message, messages.OrchestratorMessage)
+            and s.message.wait_continuation is None
+        ]
+        assert later and later[0].run_spec_version == run_version, "handed off, re-stamped"
+        assert all(m.spec_version == run_version for m in later)
+    finally:
+        await app.close()
+        await world.close()
+
+
+@pytest.mark.parametrize("spec_version", [8, 9])
+async def test_an_unstamped_message_for_another_deployment_is_rerouted_stamped(
+    tmp_path: Path, spec_version: int
+) -> None:
+    """Seed 003 "Stamps at every send site" (the deployment re-route): an unstamped wake
+    naming another deployment is re-sent to the run's deployment stamped with the run's
+    version, which the worker read once to route it; nothing replayed or written."""
+    world = await _world(tmp_path)
+    try:
+        await world.deployments.register("blue")
+        run = await world.inner.runs.create(
+            workflow_name="wf", input={"args": [], "kwargs": {}}, deployment_id="blue",
+            spec_version=spec_version,
+        )  # fmt: skip
+        app = _app(world)
+        worker = Worker(app.runtime(world))  # type: ignore[arg-type]
+        ran.clear()
+        unstamped = messages.OrchestratorMessage(run_id=run.run_id, deployment_id="green")
+        assert await worker.handle(unstamped, META) == messages.ACK
+        (sent,) = world.queue.sent
+        assert isinstance(sent.message, messages.OrchestratorMessage)
+        assert (sent.message.deployment_id, sent.message.run_spec_version) == (
+            "blue",
+            spec_version,
+        )
+        assert sent.message.reroute_count == 1 and sent.delay_seconds == 1.0
+        assert ran == [] and [t for t in world.trace if t.what == "write"] == []
     finally:
         await world.close()

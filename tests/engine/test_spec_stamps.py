@@ -21,7 +21,7 @@ from treadle.errors import HookNotFound
 from treadle.orchestrator.worker import Worker
 from treadle.world import contract, messages, records, specversions
 
-from .conftest import MakeApp
+from .conftest import BOTH_FORMATS, MakeApp
 from .faults import FaultyWorld
 
 
@@ -70,12 +70,14 @@ def _stamps(world: FaultyWorld, run: records.RunRecord) -> dict[str, set[int | N
     return seen
 
 
+@BOTH_FORMATS
 async def test_every_message_of_a_run_carries_the_runs_version(
-    make_app: MakeApp, faulty: FaultyWorld
+    make_app: MakeApp, faulty: FaultyWorld, spec_version: int
 ) -> None:
-    """Issue 12 item 1: a spec 9 run's start, step messages (background steps and a
-    retry), step wakes, timer, hook wake, wake-up wake; and a second run's cancel. Every
-    one is stamped with the run's version, none unstamped, none with another."""
+    """Issue 12 item 1: a run's start, step messages (background steps and a retry), step
+    wakes, timer, hook wake, wake-up wake; and a second run's cancel. Every one is stamped
+    with the run's version, none unstamped, none with another: spec 9 on both Worlds,
+    spec 8 on the local one."""
     app = make_app(world=faulty, WORKFLOW_MAX_INLINE_STEPS=2)
 
     @app.step
@@ -117,8 +119,9 @@ async def test_every_message_of_a_run_carries_the_runs_version(
     record = await run.get()
     seen = _stamps(faulty, record)
     assert set(seen) == {"start", "step", "timer", "wake"}, seen
-    assert all(stamps == {record.spec_version} for stamps in seen.values()), seen
-    assert {s for v in _stamps(faulty, await other.get()).values() for s in v} == {9}
+    assert record.spec_version == spec_version
+    assert all(stamps == {spec_version} for stamps in seen.values()), seen
+    assert {s for v in _stamps(faulty, await other.get()).values() for s in v} == {spec_version}
 
 
 class _CountingRuns:

@@ -4,7 +4,8 @@ decision table").
 
 For each inline step (one created by a lazy inline ``step_started``) the log alone
 says, as every replayer derives it (``ownership.fold_ownership``): its ownership
-phase, the owning queue message id, and, while it is owned, when the delayed backstop
+phase, the owning queue message id (for an ended step, the message whose stamped start
+ran its body last), and, while it is owned, when the delayed backstop
 wake a non-owner arms comes due (the latest ``step_started`` plus the lease, from
 ``WORKFLOW_INLINE_OWNERSHIP_LEASE_SECONDS`` of the inspecting process) and its
 epoch-scoped key (``ownership.backstop_key``). Spec 9 runs have no inline ownership:
@@ -56,11 +57,18 @@ def inline_ownership(
             ),
             None,
         )
+        starts = [
+            e.event
+            for e in timeline
+            if e.correlation_id == cid and isinstance(e.event, events.StepStarted)
+        ]
         row: dict[str, Any] = {
             "correlation_id": cid,
             "step_name": name,
             "phase": state.phase.value,
             "owner_message_id": state.owner_message_id,
+            # The latest start's stamp, whatever the phase: who ran (or runs) the body.
+            "last_start_owner_message_id": starts[-1].owner_message_id if starts else None,
             "last_started_at": output.iso(state.last_started_at),
             "lapsed": state.lapsed,
             "backstop_due_at": None,
@@ -90,10 +98,20 @@ def print_inline_ownership(rows: Sequence[dict[str, Any]], lease_seconds: float)
                 r["correlation_id"],
                 r["step_name"] or "-",
                 r["phase"] + (" (lease over)" if r["lease_expired"] else ""),
-                r["owner_message_id"] or "-",
+                _owner_cell(r),
                 r["backstop_due_at"] or "-",
                 r["backstop_key"] or "-",
             ]
             for r in rows
         ],
     )
+
+
+def _owner_cell(row: dict[str, Any]) -> str:
+    """The owner; for an ended step, the message whose start ran its body last."""
+    if row["owner_message_id"]:
+        return str(row["owner_message_id"])
+    last = row["last_start_owner_message_id"]
+    if row["phase"] == ownership.Phase.TERMINAL.value and last:
+        return f"{last} (ran it)"
+    return "-"

@@ -153,7 +153,10 @@ class OrchestratorDelivery:
             return await by_spec.hand_off(self.rt, self.message, state.spec_version)
         if state.deployment_id not in (None, self.rt.deployment_id):
             assert state.deployment_id is not None
-            return await pinning.reroute(self.rt, self.message, state.deployment_id)
+            spec = state.spec_version
+            return await pinning.reroute(
+                self.rt, self.message, state.deployment_id, run_spec_version=spec
+            )
         if state.spec_version not in constants.SUPPORTED_SPEC_VERSIONS:
             # Another release's run format: leave it, untouched, for a worker that has it.
             log.error(
@@ -298,7 +301,8 @@ class OrchestratorDelivery:
                 await self.inline.settle()
                 await self.session.send_owed()
                 log.warning("run %s: moved to deployment %s mid-delivery", self.run_id, moved)
-                return await pinning.reroute(self.rt, self.message, moved)
+                spec = self.session.state.spec_version
+                return await pinning.reroute(self.rt, self.message, moved, run_spec_version=spec)
             if now_ms() >= self.deadline_ms:
                 await self.inline.settle()
                 await self.waits.arm_owned_chains()

@@ -24,12 +24,18 @@ MAX_REROUTES = 3
 
 
 async def reroute(
-    rt: Runtime, message: messages.OrchestratorMessage, pinned: str
+    rt: Runtime,
+    message: messages.OrchestratorMessage,
+    pinned: str,
+    *,
+    run_spec_version: int | None = None,
 ) -> messages.HandlerResult:
     """A delivery for another deployment's run is not replayed here.
 
     It is re-sent to that deployment after 1, 2, 4 s; after three re-routes, or at
-    once when that deployment is unknown or retired, the run fails.
+    once when that deployment is unknown or retired, the run fails. An unstamped message
+    is re-sent stamped with ``run_spec_version`` (the run's, when the caller read it:
+    seed 003 "Stamps at every send site").
     """
     gone = False
     deployments = getattr(rt.world, "deployments", None)
@@ -45,9 +51,13 @@ async def reroute(
             rt.deployment_id,
             delay,
         )
-        copy = message.model_copy(
-            update={"reroute_count": message.reroute_count + 1, "deployment_id": pinned}
-        )
+        update: dict[str, object] = {
+            "reroute_count": message.reroute_count + 1,
+            "deployment_id": pinned,
+        }
+        if message.spec_version is None and run_spec_version is not None:
+            update["run_spec_version"] = run_spec_version  # the copy names the run's version
+        copy = message.model_copy(update=update)
         await rt.world.queue.send(copy, delay_seconds=delay)
         return messages.ACK
     why = (

@@ -149,7 +149,9 @@ class Worker:
             if await self._nothing_new(fixed, meta):
                 return messages.ACK
             return await OrchestratorDelivery(self.rt, fixed, meta).run()
-        return await pinning.reroute(self.rt, message, run.deployment_id)
+        return await pinning.reroute(
+            self.rt, message, run.deployment_id, run_spec_version=run.spec_version
+        )
 
     def _unknown_format(self, message: messages.StepMessage) -> messages.HandlerResult:
         """A step of a run whose format this worker does not know: no body, no write; the

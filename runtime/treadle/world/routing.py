@@ -4,6 +4,11 @@ Pure functions, shared by every World so they gate the same way (seed 003,
 "Queue: one orchestrator delivery per run"). A spec 9 run's orchestrator
 messages are delivered one at a time per run; step messages, intermediate
 timer hops and earlier runs' messages are never held.
+
+Where treadle deviates from the seed: seed 003's queue counts an unstamped message as
+spec 8 and never gates it; ``gated_run_id`` gates one whose run row is spec 9 or
+unknown (every producer in treadle stamps, and holding an unplaceable message costs
+nothing). The contract's docstring (``treadle.world.contract``) records why.
 """
 
 from __future__ import annotations

@@ -352,7 +352,11 @@ class Spec8Delivery:
             try:
                 conflicts = await hookwrites.write_hooks(self.writes, suspended)
             except _LOST_RACE:
+                # Another delivery created the hook first (with its own minted token, if
+                # none was chosen): replay afresh so the code takes the log's.
                 await self.session.read_tail()
+                assert self._workflow is not None
+                self.session.start_replay(self._workflow)
                 return True
             wrote = True
             if conflicts:

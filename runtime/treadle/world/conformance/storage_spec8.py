@@ -14,13 +14,16 @@ never meets them), so those tests run on both. Helpers come from ``support``.
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from treadle import errors
-from treadle.world import constants, contract, events
+from treadle.world import constants, contract, events, records
 from treadle.world.conformance.harness import WorldHarness
 from treadle.world.conformance.support import (
     DEPLOYMENT,
+    WAIT_SECONDS,
     hook_created,
     log_and_snapshot,
     opened,
@@ -57,6 +60,30 @@ def owned_start(step_id: str, attempt: int, owner: str | None) -> events.StepSta
         input=[1, 2] if first else None,
         owner_message_id=owner,
     )
+
+
+async def feed(
+    world: contract.World, run_id: str, *, after_slot: int, count: int
+) -> list[events.LoggedEvent]:
+    """The first ``count`` events ``events.subscribe`` pushes after ``after_slot``."""
+    got: list[events.LoggedEvent] = []
+    done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def on_event(logged: events.LoggedEvent) -> None:
+        got.append(logged)
+        if len(got) >= count and not done.done():
+            done.set_result(None)
+
+    def on_error(exc: BaseException) -> None:
+        if not done.done():
+            done.set_exception(exc)
+
+    subscription = world.events.subscribe(run_id, after_slot, on_event, on_error)
+    try:
+        await asyncio.wait_for(done, WAIT_SECONDS)
+    finally:
+        subscription.close()
+    return got[:count]
 
 
 async def assert_refused_without_a_hole(
@@ -141,6 +168,33 @@ class Spec8StorageConformance:
                     event_count=run.seq,
                 )
             assert (await world.runs.get(run_id)).seq == run.seq
+
+    async def test_racing_creations_have_one_winner_and_no_hole(
+        self, harness: WorldHarness
+    ) -> None:
+        """Several deliveries of a spec 8 run creating the same step, wait and hook at once:
+        one write of each lands, every other hears EntityAlreadyCreated naming its slot, and
+        the log holds no gap."""
+        async with opened(harness) as world:
+            run_id = await spec_run(world, SPEC_8)
+            token = unique("token")
+            racers: list[events.Event] = [
+                creation
+                for _ in range(4)
+                for creation in (step_created("s1"), wait_created("w1"), hook_created("h1", token))
+            ]
+            outcomes = await asyncio.gather(
+                *(out_of_band(world, run_id, e) for e in racers), return_exceptions=True
+            )
+            won = [o for o in outcomes if isinstance(o, records.EventResult)]
+            lost = [o for o in outcomes if isinstance(o, errors.EntityAlreadyCreated)]
+            assert (len(won), len(lost)) == (3, len(racers) - 3), outcomes
+            slot_of = {w.event.correlation_id: w.event.slot for w in won}
+            assert sorted(slot_of.values()) == [3, 4, 5]
+            assert all(refused.slot == slot_of[refused.correlation_id] for refused in lost)
+            logged, snapshot = await log_and_snapshot(world, run_id)
+            assert [e.slot for e in logged] == list(range(1, 6))
+            assert (snapshot.seq, snapshot.seq_in_band) == (5, 1)
 
     async def test_step_created_for_a_step_an_inline_start_created_is_refused(
         self, harness: WorldHarness
@@ -260,8 +314,8 @@ class Spec8StorageConformance:
         self, harness: WorldHarness
     ) -> None:
         """step_started with a higher attempt on a running step is accepted (owner recovery's
-        re-stamp, or a retry's bare start); owner_message_id survives the write and the
-        listing, and a bare start stores none."""
+        re-stamp, or a retry's bare start); owner_message_id survives the write, the listing
+        and the live feed, and a bare start stores none."""
         async with opened(harness) as world:
             run_id = await spec_run(world, SPEC_8)
             starts = [
@@ -275,6 +329,8 @@ class Spec8StorageConformance:
             assert listed == starts
             owners = [getattr(e, "owner_message_id", None) for e in listed]
             assert owners == ["msg_owner", "msg_owner", None]
+            fed = await feed(world, run_id, after_slot=2, count=len(starts))
+            assert [e.event for e in fed] == starts
             step = await world.steps.get(run_id, "s1")
             assert (step.status, step.attempt) == ("running", 3)
             with pytest.raises(errors.StaleStepStart):
