@@ -34,7 +34,7 @@ from treadle.testing.simulation import (
 )
 from treadle.testing.simulation.faults import FaultPlan, Injector
 from treadle.testing.simulation.processes import IgnoredLease, Process, task_recorder
-from treadle.world import contract
+from treadle.world import contract, events
 
 log = logging.getLogger("treadle.testing.simulation")
 
@@ -304,7 +304,14 @@ def simulate(seed: int, config: Config | None = None) -> Report:
         outcomes = []
     report.real_seconds = time.monotonic() - t0
     report.faults = sim.injector.counts
-    for o in outcomes:
+    for o, spec in zip(outcomes, report.specs, strict=False):
+        created = next((e.event for e in o.log if isinstance(e.event, events.RunCreated)), None)
+        stamped = {o.spec_version, getattr(created, "spec_version", spec)}
+        if stamped != {spec}:
+            # A run keeps the format it was minted in (seed 003 "A run never changes format").
+            report.violations.append(
+                invariants.Violation("format", o.run_id, f"started as spec {spec}, now {stamped}")
+            )
         if o.spec_version < 9:
             judged = invariants8.judge(o)
             report.violations += judged.violations
