@@ -107,3 +107,24 @@ class MemoryBackend:
         """Every live subscription (of ``run_id``) hears ``on_error(ConnectionError)`` and
         is closed, as when a feed's connection breaks. Returns how many were dropped."""
         return self.feeds.drop(run_id)
+
+    def lose_message(self, message_id: str) -> bool:
+        """The queue loses ``message_id`` (ready, delayed or in flight): no delivery of it
+        ever comes again, and a delivery holding it settles nothing (seed 000: a redrive
+        policy dead-letters it, retention expires it, an operator purges it). False when
+        the queue holds no such message."""
+        queue = self.queue
+        entry = queue.leased.get(message_id) or queue.ready.get(message_id)
+        if entry is None:
+            return False
+        queue._release(entry)
+        queue.leased.pop(message_id, None)
+        queue.ready.pop(message_id, None)
+        self.stats.bump(entry.run_id, "lost_sends")
+        queue.wake()
+        return True
+
+    def messages_of(self, run_id: str) -> list[str]:
+        """The ids of ``run_id``'s messages the queue still holds (ready, delayed, in flight)."""
+        queue = self.queue
+        return [m for m, e in [*queue.ready.items(), *queue.leased.items()] if e.run_id == run_id]

@@ -22,7 +22,10 @@ Modules: ``loop`` (virtual time, interleavings, watchdog, ``SimClock``),
 ``workload`` (program grammar, generator, the real workflow and steps, the body
 ledger), ``faults`` (plans and the injector), ``processes`` (worker processes
 that die and stall), ``invariants``, ``runner`` (``simulate``), ``shrink``,
-``__main__`` (the CLI). Your own workflows can run on the same loop and World:
+``__main__`` (the CLI). Spec 8 runs (``Config(spec="8" | "mixed")``, seed 000):
+``spec8`` (formats, minting, owner faults), ``workload8`` (seed 000's shapes),
+``invariants8`` (the spec 8 invariants; the accepted residual risks counted).
+Your own workflows can run on the same loop and World:
 ``loop.run(main, rng=random.Random(seed))`` with ``treadle.clock.use(SimClock(...))``
 and a ``MemoryWorld``.
 """

@@ -5,8 +5,14 @@
 
 A soak prints one line per failing seed (with its replay command) and then
 runs/s, simulated seconds, faults injected by kind, deliveries and handoffs,
-and the violations by kind; it exits 1 when any seed failed. A replay prints
+the violations by kind, and for spec 8 runs their count, seed 000's residual
+risks met (counted, never failed) and owned recoveries, backstops armed and
+single-flight absorptions; it exits 1 when any seed failed. A replay prints
 the programs, the plan, every fault and step body, and each violation.
+
+``--spec 9|8|mixed`` picks the run formats (default: mixed, each run spec 8 or 9,
+on a build that drives spec 8; 9 otherwise); ``--no-ownership`` runs spec 8 under
+the kill switch ``WORKFLOW_INLINE_OWNERSHIP=0`` (issue #2780 comes back).
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ import logging
 import sys
 import time
 
-from treadle.testing.simulation import known, workload
+from treadle.testing.simulation import known, spec8, workload
 from treadle.testing.simulation.faults import FaultPlan
 from treadle.testing.simulation.runner import Config, Report, simulate
 from treadle.testing.simulation.shrink import shrink
@@ -27,7 +33,27 @@ from treadle.testing.simulation.shrink import shrink
 def _config(args: argparse.Namespace) -> Config:
     shape = workload.Shape(max_ops=args.ops)
     plan = FaultPlan.parse(args.plan) if args.plan is not None else None
-    return Config(runs=args.runs, processes=args.processes, shape=shape, plan=plan)
+    if args.spec in ("8", "mixed") and not spec8.supported():
+        raise SystemExit(f"--spec {args.spec}: this build does not drive spec 8 runs yet")
+    return Config(
+        runs=args.runs,
+        processes=args.processes,
+        shape=shape,
+        plan=plan,
+        spec=args.spec,
+        ownership=not args.no_ownership,
+        ownership_lease=args.lease,
+    )
+
+
+def _spec8_line(
+    runs8: int, residuals: collections.Counter[str], notes: collections.Counter[str]
+) -> str:
+    shown = {k: residuals.get(k, 0) for k in ("redelivery_while_alive", "longer_than_lease")}
+    return (
+        f"spec 8: {runs8} runs; residual risks (counted, not failed): {shown}; "
+        f"{dict(sorted(notes.items()))}"
+    )
 
 
 def _replay(seed: int, args: argparse.Namespace) -> int:
@@ -49,6 +75,8 @@ def _replay(seed: int, args: argparse.Namespace) -> int:
         f"faults: {dict(report.faults)}; deliveries per run: {report.deliveries}; "
         f"handoffs: {report.handoffs}"
     )
+    if report.spec8_runs:
+        print(_spec8_line(report.spec8_runs, report.residuals, report.spec8_notes))
     for v in report.violations:
         print(f"VIOLATION {v}  (likely {known.classify(v, report)})")
     if not report.ok:
@@ -61,7 +89,9 @@ def _soak(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     faults: collections.Counter[str] = collections.Counter()
     kinds: collections.Counter[str] = collections.Counter()
-    runs = deliveries = handoffs = 0
+    runs = deliveries = handoffs = runs8 = 0
+    residuals: collections.Counter[str] = collections.Counter()
+    notes: collections.Counter[str] = collections.Counter()
     sim_seconds = 0.0
     failed: list[Report] = []
     for seed in range(args.start, args.start + args.seeds):
@@ -71,6 +101,9 @@ def _soak(args: argparse.Namespace) -> int:
         faults.update(report.faults)
         deliveries += sum(report.deliveries.values())
         handoffs += report.handoffs
+        runs8 += report.spec8_runs
+        residuals.update(report.residuals)
+        notes.update(report.spec8_notes)
         if args.json:
             line = {
                 "seed": seed,
@@ -79,6 +112,8 @@ def _soak(args: argparse.Namespace) -> int:
                 "labels": known.labels(report) if not report.ok else [],
                 "replay": report.replay_command(),
                 "faults": dict(report.faults),
+                "spec8_runs": report.spec8_runs,
+                "residuals": dict(report.residuals),
             }
             print(json.dumps(line))
             sys.stdout.flush()
@@ -103,6 +138,7 @@ def _soak(args: argparse.Namespace) -> int:
     )
     print(f"faults injected: {dict(sorted(faults.items()))} (total {sum(faults.values())})")
     print(f"failing seeds: {len(failed)}; violations by kind: {dict(kinds)}")
+    print(_spec8_line(runs8, residuals, notes))
     return 1 if failed else 0
 
 
@@ -122,6 +158,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shrink", action="store_true", help="shrink a failing --seed")
     p.add_argument("-v", "--verbose", action="store_true", help="engine logs (INFO)")
     p.add_argument("--json", action="store_true", help="soak: one JSON object per seed")
+    p.add_argument(
+        "--spec",
+        choices=spec8.MODES,
+        default=spec8.default_mode(),
+        help="run formats: 9, 8, or mixed (each run either; the default where spec 8 runs)",
+    )
+    p.add_argument(
+        "--lease",
+        type=float,
+        default=Config.ownership_lease,
+        help="spec 8: WORKFLOW_INLINE_OWNERSHIP_LEASE_SECONDS in virtual seconds (1 to 900)",
+    )
+    p.add_argument(
+        "--no-ownership",
+        action="store_true",
+        help="spec 8 under the kill switch WORKFLOW_INLINE_OWNERSHIP=0",
+    )
     args = p.parse_args(argv)
     # No hash seed is fixed: the engine and the simulation never iterate a set of
     # strings in hash order, so a seed replays the same under any PYTHONHASHSEED.

@@ -21,6 +21,13 @@ Kinds (the seeds' edge cases, DESIGN.md section 10):
   it is doing (lingering on a hook or sleep, running an inline body);
 - ``crash``: not at a call either: a live process dies at an arbitrary instant
   (whatever await point its deliveries and bodies are at).
+- ``kill_owner`` (spec 8): now and then (``rate`` per virtual second) the process of
+  a delivery running an inline body of a spec 8 run dies mid-body; the owner's
+  message comes back (owned recovery, seed 000);
+- ``lose_owner`` (spec 8): the same, and the owner's message is lost with it (a
+  dead-letter or purge the engine never sees: the lease and the backstop recover).
+  It fires only while another message of the run is queued (a wake or a backstop
+  that can drive it): a run with no message left wedges on any queue.
 
 ``FaultPlan.parse("kill=0.01,stall=0.004")`` and ``str(plan)`` round-trip, so a
 shrunk plan goes into the one-line replay command. Used by the runner and
@@ -46,10 +53,17 @@ KINDS = (
     "feed_drop",
     "pause",
     "crash",
+    "kill_owner",
+    "lose_owner",
 )
 
 # Kinds added after seeds were pinned (drawn from their own stream, ``FaultPlan.draw``).
 LATER_KINDS = ("lapse", "pause", "crash")
+# Spec 8 kinds (seed 000), at instants of their own, aimed at the owner of an inline
+# body of a spec 8 run; drawn from a third stream, only for seeds with spec 8 runs:
+# ``kill_owner`` kills its process mid-body (the message comes back: owned recovery),
+# ``lose_owner`` also loses its message (the lease and the backstop must recover).
+SPEC8_KINDS = ("kill_owner", "lose_owner")
 
 STORAGE_POINTS = frozenset(
     {"runs.get", "runs.list", "events.list", "steps.list", "steps.get", "hooks.get_by_token"}
@@ -79,6 +93,8 @@ DEFAULT_RATES = {
     "feed_drop": 0.005,
     "pause": 0.004,
     "crash": 0.002,
+    "kill_owner": 0.01,
+    "lose_owner": 0.005,
 }
 
 
@@ -103,22 +119,31 @@ class FaultPlan:
         return cls({}, budget=0)
 
     @classmethod
-    def draw(cls, rng: random.Random, later: random.Random | None = None) -> FaultPlan:
+    def draw(
+        cls,
+        rng: random.Random,
+        later: random.Random | None = None,
+        spec8: random.Random | None = None,
+    ) -> FaultPlan:
         """A seed's plan: each kind on with probability 1/2, at 0.5-2x its default rate.
 
         The kinds added later (``LATER_KINDS``) draw from their own stream ``later``, so
-        the plans every earlier kind gets stay what they were when the seeds were pinned.
+        the plans every earlier kind gets stay what they were when the seeds were pinned;
+        the spec 8 kinds from ``spec8``, given only for a seed with spec 8 runs.
         """
         rates = {
             k: DEFAULT_RATES[k] * rng.choice([0.5, 1.0, 2.0])
             for k in KINDS
-            if k not in LATER_KINDS and rng.random() < 0.5
+            if k not in LATER_KINDS and k not in SPEC8_KINDS and rng.random() < 0.5
         }
         budget = rng.choice([4, 8, 12, 20])
         later = later or rng
         for k in LATER_KINDS:
             if later.random() < 0.5:
                 rates[k] = DEFAULT_RATES[k] * later.choice([0.5, 1.0, 2.0])
+        for k in SPEC8_KINDS:
+            if spec8 is not None and spec8.random() < 0.5:
+                rates[k] = DEFAULT_RATES[k] * spec8.choice([0.5, 1.0, 2.0])
         return cls(rates, budget=budget)
 
     @classmethod
@@ -191,7 +216,7 @@ class Injector:
         if self.left <= 0 or now >= self.plan.quiet_after:
             return None
         for kind in applicable(point):
-            if kind in ("pause", "crash"):
+            if kind in ("pause", "crash") or kind in SPEC8_KINDS:
                 continue
             rate = self.plan.rates.get(kind, 0.0)
             rng = self.later if kind in LATER_KINDS else self.rng

@@ -42,6 +42,7 @@ from treadle.sdk import functions
 from treadle.testing.simulation.loop import EPOCH
 from treadle.testing.simulation.workload import (
     BodyRun,
+    DeliveryRun,
     Program,
     expected,
     may_conflict_with_own_hook,
@@ -82,6 +83,17 @@ class RunOutcome:
     owner_died: bool = False
     # World calls of this run's deliveries made after they were told their lease lapsed.
     ignored_leases: list[str] = field(default_factory=list)
+    # Spec 8 runs (``invariants8``): the run's format, the ownership lease it ran under,
+    # how many injected faults touched it, and the messages of it still queued at the end.
+    spec_version: int = 9
+    ownership_lease: float = 860.0
+    faults_on_run: int = 0
+    messages_left: int = 0
+    # When the simulation ended (it kills every process then: a body still running is
+    # cancelled by that, not by the engine; a spec 8 run may end while one still runs).
+    cut_at: float | None = None
+    # Every delivery of the run's messages (start, settlement, process).
+    delivery_runs: list[DeliveryRun] = field(default_factory=list)
 
 
 def _vt(e: events.LoggedEvent) -> float:

@@ -1,4 +1,5 @@
-"""Which known engine bug a violation most likely shows (engine-audit.md sections 5, 6).
+"""Which known engine bug a violation most likely shows (engine-audit.md sections 5, 6;
+for a spec 8 run, which seed 000 rule it breaks).
 
 ``classify(violation, report)`` returns a short label ("bug 1", "bug 6", ...) or
 "unknown", from the violation's kind and the program that produced it. It is a
@@ -20,8 +21,21 @@ def _repeated_token(report: Report) -> bool:
     return False
 
 
+_SPEC8 = {
+    "duplicate_inline": "#2780 (a wake ran an owned inline body again inside its lease)",
+    "single_flight": "single-flight (two bodies of one step at once in one process)",
+    "at_most_once": "seed 000 at-most-once (a max_retries=0 body ran twice)",
+    "exhausted_live": "seed 000 dispatch (failed as exhausted under a live owner, in lease)",
+    "wedge": "wedge (no message left: the lease and backstop did not recover)",
+    "never_ended": "spec 8 never ended (messages left; a wake or backstop loop?)",
+    "overlap": "spec 8 step message overlap (queue lease held)",
+}
+
+
 def classify(v: Violation, report: Report) -> str:
     d = v.detail
+    if v.run_id is not None and v.run_id in report.spec8_run_ids:
+        return _SPEC8.get(v.kind, f"spec 8 {v.kind}")
     if v.kind == "loop_held":
         return "bug 4 (spin with no free inline slot)"
     if v.kind == "output" and "HookConflictError" in d and _repeated_token(report):

@@ -28,7 +28,7 @@ from treadle import clock, errors
 from treadle.client import Workflows
 from treadle.orchestrator.worker import Worker
 from treadle.testing.memory.consumer import current_delivery
-from treadle.testing.simulation.workload import current_process
+from treadle.testing.simulation.workload import DeliveryRun, current_process
 
 log = logging.getLogger("treadle.testing.simulation")
 
@@ -145,6 +145,7 @@ class ProcessInterceptor:
         if proc.dead:
             raise ProcessKilled(proc.name)
         self._check_lease(point)
+        self._record_delivery(point)
         if proc.stalled_until is not None:
             await proc._unstalled.wait()
             if proc.dead:
@@ -184,6 +185,20 @@ class ProcessInterceptor:
                     leased.message_id, self.process.name,
                 )
             )  # fmt: skip
+
+    def _record_delivery(self, point: str) -> None:
+        """A delivery's start (``queue.deliver``) and settlement, in the ledger."""
+        leased = current_delivery.get()
+        if leased is None or point not in ("queue.deliver", "queue.settle"):
+            return
+        ledger = self.process.sim.ledger
+        now = asyncio.get_running_loop().time()
+        if point == "queue.deliver":
+            ledger.deliveries[leased.token] = DeliveryRun(
+                leased.run_id, leased.message_id, leased.token, self.process.name, now
+            )
+        elif (known := ledger.deliveries.get(leased.token)) is not None and known.settled is None:
+            known.settled = now
 
     def _apply(self, kind: str, point: str, run_id: str | None, now: float) -> Interference:
         proc, sim = self.process, self.process.sim

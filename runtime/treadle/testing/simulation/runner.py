@@ -23,10 +23,18 @@ from typing import Any
 from treadle import clock, errors, settings
 from treadle.client import Workflows
 from treadle.testing.memory.consumer import current_delivery
-from treadle.testing.simulation import invariants, loop, workload
+from treadle.testing.simulation import (
+    faults,
+    invariants,
+    invariants8,
+    loop,
+    spec8,
+    workload,
+    workload8,
+)
 from treadle.testing.simulation.faults import FaultPlan, Injector
 from treadle.testing.simulation.processes import IgnoredLease, Process, task_recorder
-from treadle.world import contract
+from treadle.world import contract, events
 
 log = logging.getLogger("treadle.testing.simulation")
 
@@ -52,6 +60,18 @@ class Config:
     interleave: bool = True
     horizon: float = 6000.0  # virtual seconds every run must end within
     watchdog_seconds: float = 3.0
+    # Run formats (``spec8.MODES``): "9" as the pinned seeds were found, "8", "mixed".
+    spec: str = "9"
+    # WORKFLOW_INLINE_OWNERSHIP (False: seed 000's kill switch) and its lease (virtual s).
+    ownership: bool = True
+    ownership_lease: float = workload8.LEASE_SECONDS
+
+    def settings(self) -> dict[str, Any]:
+        return {
+            **SETTINGS,
+            "WORKFLOW_INLINE_OWNERSHIP": self.ownership,
+            "WORKFLOW_INLINE_OWNERSHIP_LEASE_SECONDS": self.ownership_lease,
+        }
 
 
 @dataclass
@@ -68,6 +88,17 @@ class Report:
     violations: list[invariants.Violation] = field(default_factory=list)
     trace: list[str] = field(default_factory=list)
     programs: list[workload.Program] = field(default_factory=list)
+    # Each run's format, and for the spec 8 runs: seed 000's residual risks met (counted,
+    # not failed) and what else happened (owned recoveries, backstops, absorptions).
+    specs: list[int] = field(default_factory=list)
+    residuals: collections.Counter[str] = field(default_factory=collections.Counter)
+    spec8_notes: collections.Counter[str] = field(default_factory=collections.Counter)
+
+    spec8_run_ids: set[str] = field(default_factory=set)
+
+    @property
+    def spec8_runs(self) -> int:
+        return sum(s < 9 for s in self.specs)
 
     @property
     def ok(self) -> bool:
@@ -83,6 +114,13 @@ class Report:
             parts.append(f"--runs {c.runs}")
         if c.shape.max_ops != workload.Shape.max_ops:
             parts.append(f"--ops {c.shape.max_ops}")
+        if c.processes != Config.processes:
+            parts.append(f"--processes {c.processes}")
+        parts.append(f"--spec {c.spec}")
+        if not c.ownership:
+            parts.append("--no-ownership")
+        if c.ownership_lease != Config.ownership_lease:
+            parts.append(f"--lease {c.ownership_lease:g}")
         return " ".join(parts)
 
 
@@ -109,6 +147,7 @@ class Simulation:
         self.resumed: dict[tuple[str, str | None, int], asyncio.Event] = {}
         self._background: set[asyncio.Task[Any]] = set()
         self.ignored_leases: list[IgnoredLease] = []
+        self.spec8_runs: set[str] = set()
 
     def now(self) -> float:
         return asyncio.get_running_loop().time()
@@ -237,14 +276,16 @@ class Simulation:
 def simulate(seed: int, config: Config | None = None) -> Report:
     """Run one seed and check every invariant; never raises for a violation."""
     config = config or Config()
+    specs = spec8.formats(seed, config.spec, config.runs)
     plan = config.plan
     if plan is None:
-        plan = FaultPlan.draw(random.Random(f"{seed}/plan"), random.Random(f"{seed}/plan/later"))
-    report = Report(seed, plan, config)
-    prog_rng = random.Random(f"{seed}/program")
-    report.programs = [
-        workload.generate(prog_rng, config.shape, prefix=f"r{i}.") for i in range(config.runs)
-    ]
+        plan = FaultPlan.draw(
+            random.Random(f"{seed}/plan"),
+            random.Random(f"{seed}/plan/later"),
+            random.Random(f"{seed}/plan/spec8") if min(specs, default=9) < 9 else None,
+        )
+    report = Report(seed, plan, config, specs=specs)
+    report.programs = spec8.programs(seed, config.shape, specs)
     sim = Simulation(seed, config, plan)
     t0 = time.monotonic()
     try:
@@ -263,8 +304,21 @@ def simulate(seed: int, config: Config | None = None) -> Report:
         outcomes = []
     report.real_seconds = time.monotonic() - t0
     report.faults = sim.injector.counts
-    for o in outcomes:
-        report.violations += invariants.check(o)
+    for o, spec in zip(outcomes, report.specs, strict=False):
+        created = next((e.event for e in o.log if isinstance(e.event, events.RunCreated)), None)
+        stamped = {o.spec_version, getattr(created, "spec_version", spec)}
+        if stamped != {spec}:
+            # A run keeps the format it was minted in (seed 003 "A run never changes format").
+            report.violations.append(
+                invariants.Violation("format", o.run_id, f"started as spec {spec}, now {stamped}")
+            )
+        if o.spec_version < 9:
+            judged = invariants8.judge(o)
+            report.violations += judged.violations
+            report.residuals.update(judged.residuals)
+            report.spec8_notes.update(judged.notes)
+        else:
+            report.violations += invariants.check(o)
         report.deliveries[o.run_id] = o.deliveries
         report.handoffs += o.handoffs
         report.trace.append(f"log {o.run_id} " + " ".join(f"{e.slot}:{e.type}" for e in o.log))
@@ -273,8 +327,12 @@ def simulate(seed: int, config: Config | None = None) -> Report:
     ]
     report.trace += [
         f"body {b.run_id} {b.op_id} {b.attempt} {b.process} {b.started:.6f} {b.ended} {b.how}"
+        + (f" {b.kind} {b.message_id}" if b.run_id in sim.spec8_runs else "")
         for b in sim.ledger.bodies
     ]
+    report.spec8_run_ids = set(sim.spec8_runs)
+    if sim.spec8_runs and sim.backend is not None:
+        report.spec8_notes.update(spec8.tally(sim))
     return report
 
 
@@ -286,16 +344,24 @@ async def _main(sim: Simulation, report: Report) -> list[invariants.RunOutcome]:
     with clock.use(loop.SimClock(ev_loop, random.Random(f"{sim.seed}/bytes"))):
         sim.backend = MemoryBackend(tuning=TUNING, rng=random.Random(f"{sim.seed}/queue"))
         client = MemoryWorld(sim.backend)
-        app = Workflows(world=client, worker=False, settings_=settings.load({}, **SETTINGS))
+        overrides = sim.config.settings()
+        app = Workflows(world=client, worker=False, settings_=settings.load({}, **overrides))
         workload.build(app, sim.ledger, ev_loop.time)
+        starter = spec8.Starter(app, client, overrides)
+        starter.register(lambda other: workload.build(other, sim.ledger, ev_loop.time))
         sim.app = app
         for _ in range(sim.config.processes):
             await sim.spawn()
         sim._keep(sim.at_any_instant("pause"))
         sim._keep(sim.at_any_instant("crash"))
+        for kind in faults.SPEC8_KINDS:
+            if sim.injector.plan.rates.get(kind):  # no task otherwise: it would shift the draws
+                sim._keep(spec8.strike_owners(sim, kind))
         runs = []
-        for program in report.programs:
-            run = await app.start("sim_program", program.ops)
+        for program, spec in zip(report.programs, report.specs, strict=True):
+            run = await starter.start(spec, program.ops)
+            if spec < 9:
+                sim.spec8_runs.add(run.run_id)
             runs.append(run)
             sim.started[run.run_id] = sim.now()
             sim._keep(sim.watch(run.run_id, client))
@@ -342,4 +408,14 @@ async def _collect(
         owner_died=any(
             p.killed_at is not None and start <= p.killed_at <= end for p in sim.processes.values()
         ),
+        spec_version=rec.spec_version,
+        ownership_lease=sim.config.ownership_lease,
+        faults_on_run=sum(
+            1
+            for f in sim.injector.log
+            if f.run_id == run_id or (f.run_id is None and start <= f.at <= end)
+        ),
+        messages_left=len(sim.backend.messages_of(run_id)),
+        cut_at=sim.now(),
+        delivery_runs=sim.ledger.deliveries_of(run_id),
     )

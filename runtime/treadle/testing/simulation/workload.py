@@ -62,6 +62,9 @@ class BodyRun:
     kind: str | None = None
     lease: Any = None
     told_before_start: bool = False
+    # The queue message of that delivery (spec 8: an owned recovery is a redelivery of
+    # the owner's message, so it has the first body's message id; seed 000).
+    message_id: str | None = None
 
     def lease_lost_at(self) -> float | None:
         """Virtual time this body's delivery was told its lease lapsed, if it was."""
@@ -70,13 +73,31 @@ class BodyRun:
 
 
 @dataclass
+class DeliveryRun:
+    """One delivery of a queue message to a process's handler (spec 8 checks: was the
+    owner's message delivered again while an earlier delivery of it still lived?)."""
+
+    run_id: str
+    message_id: str
+    token: str
+    process: str
+    started: float
+    settled: float | None = None
+
+
+@dataclass
 class Ledger:
-    """Every step body start and end, in order; owned by the simulation."""
+    """Every step body start and end, in order; owned by the simulation. Also every
+    delivery's start and settlement (recorded by ``processes.ProcessInterceptor``)."""
 
     bodies: list[BodyRun] = field(default_factory=list)
+    deliveries: dict[str, DeliveryRun] = field(default_factory=dict)  # by lease token
 
     def of_run(self, run_id: str) -> list[BodyRun]:
         return [b for b in self.bodies if b.run_id == run_id]
+
+    def deliveries_of(self, run_id: str) -> list[DeliveryRun]:
+        return [d for d in self.deliveries.values() if d.run_id == run_id]
 
 
 @dataclass
@@ -300,6 +321,7 @@ def build(app: Workflows, ledger: Ledger, clock_now: Any) -> None:
         leased = current_delivery.get()
         if leased is not None:
             entry.kind, entry.lease = leased.kind, leased.lost
+            entry.message_id = leased.message_id
             entry.told_before_start = leased.lost.known_before(entry.started + MONOTONIC_ORIGIN)
         ledger.bodies.append(entry)
         try:
