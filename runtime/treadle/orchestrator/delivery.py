@@ -27,7 +27,7 @@ import logging
 from typing import Any
 
 from treadle import clock, errors, serde, telemetry
-from treadle.orchestrator import compat, decisions, hookwrites, pinning, polling, steps
+from treadle.orchestrator import compat, decisions, divergence, hookwrites, pinning, polling, steps
 from treadle.orchestrator import specrouting as by_spec
 from treadle.orchestrator.inline import InlineSteps, check_lease
 from treadle.orchestrator.runtime import Runtime
@@ -357,30 +357,10 @@ class OrchestratorDelivery:
         """Replay cold in place; False once the budget is spent and the run failed."""
         self._divergences += 1
         budget = self.settings.WORKFLOW_REPLAY_DIVERGENCE_MAX_RETRIES
-        log.warning(
-            "run %s: replay diverged at position %d (log: %s; code: %s), %d of %d",
-            self.run_id,
-            diverged.position,
-            diverged.recorded,
-            diverged.reached,
-            self._divergences,
-            budget + 1,
-        )
+        spent = divergence.over_budget(log, self.run_id, diverged, self._divergences, budget)
         await self.inline.settle()
-        if self._divergences > budget:
-            error = errors.CorruptedEventLog(
-                self.run_id,
-                position=diverged.position,
-                recorded=diverged.recorded,
-                reached=diverged.reached,
-            )
-            await self.session.write_terminal(
-                events.RunFailed(
-                    error=events.ErrorInfo(
-                        message=str(error), type="CorruptedEventLog", code="CORRUPTED_EVENT_LOG"
-                    )
-                )
-            )
+        if spent:
+            await self.session.write_terminal(divergence.corrupted(self.run_id, diverged))
             return False
         workflow = self.rt.workflows[self.session.state.workflow_name]
         await self.session.load(keep_writer=True)

@@ -40,7 +40,7 @@ import logging
 from typing import Any
 
 from treadle import errors, serde, telemetry
-from treadle.orchestrator import decisions, hookwrites, pinning, specrouting, steps
+from treadle.orchestrator import decisions, divergence, hookwrites, pinning, specrouting, steps
 from treadle.orchestrator.runtime import Runtime
 from treadle.orchestrator.session import RunSession
 from treadle.orchestrator.spec8 import dispatch, ownership
@@ -269,30 +269,10 @@ class Spec8Delivery:
         """Replay cold in place; False once the budget is spent and the run failed."""
         self._divergences += 1
         budget = self.settings.WORKFLOW_REPLAY_DIVERGENCE_MAX_RETRIES
-        log.warning(
-            "run %s: replay diverged at position %d (log: %s; code: %s), %d of %d",
-            self.run_id,
-            diverged.position,
-            diverged.recorded,
-            diverged.reached,
-            self._divergences,
-            budget + 1,
-        )
+        spent = divergence.over_budget(log, self.run_id, diverged, self._divergences, budget)
         await self.bodies.settle()
-        if self._divergences > budget:
-            error = errors.CorruptedEventLog(
-                self.run_id,
-                position=diverged.position,
-                recorded=diverged.recorded,
-                reached=diverged.reached,
-            )
-            await self._write_terminal(
-                events.RunFailed(
-                    error=events.ErrorInfo(
-                        message=str(error), type="CorruptedEventLog", code="CORRUPTED_EVENT_LOG"
-                    )
-                )
-            )
+        if spent:
+            await self._write_terminal(divergence.corrupted(self.run_id, diverged))
             return False
         assert self._workflow is not None
         await self.session.load()
