@@ -103,7 +103,8 @@ def test_the_service_selects_serve_pods_only() -> None:
 
 def test_serve_behind_a_proxy_uses_the_trusted_header_and_its_own_image() -> None:
     """auth.trustedHeader (no token Secret): the header and full users reach the pod;
-    serve.image overrides the chart's image; CORS origins and the public URL pass on."""
+    serve.image overrides the chart's image; CORS origins pass on. (No TREADLE_PUBLIC_URL: the
+    workers build webhook URLs, not serve.)"""
     container = _container(
         {
             "serve": {
@@ -111,7 +112,6 @@ def test_serve_behind_a_proxy_uses_the_trusted_header_and_its_own_image() -> Non
                 "image": {"repository": "registry.example/treadle-serve", "tag": "1.2.3"},
                 "auth": {"trustedHeader": "X-Forwarded-User", "trustedFullUsers": "ops"},
                 "corsOrigins": "https://ui.example",
-                "publicUrl": "https://treadle.example",
             }
         }
     )
@@ -121,7 +121,7 @@ def test_serve_behind_a_proxy_uses_the_trusted_header_and_its_own_image() -> Non
     assert env["TREADLE_SERVE_TRUSTED_FULL_USERS"] == "ops"
     assert "TREADLE_SERVE_TOKEN" not in env
     assert env["TREADLE_SERVE_CORS_ORIGINS"] == "https://ui.example"
-    assert env["TREADLE_PUBLIC_URL"] == "https://treadle.example"
+    assert "TREADLE_PUBLIC_URL" not in env
 
 
 def test_serve_values_meet_the_schema_and_auth_is_required() -> None:
