@@ -18,6 +18,9 @@ PUBLIC = {
     "SerializationError", "StepFailed", "StepMetadata", "TreadleError", "WorkflowMetadata",
     "Workflows", "__version__", "create_hook", "now", "random", "register_types", "sleep",
     "step_metadata", "uuid4", "workflow_logger", "workflow_metadata",
+    # Webhooks (issue 13: a workflow waits on an HTTP callback; docs/webhooks.md).
+    "create_webhook", "WebhookHandle", "WebhookRequest", "WebhookResponse",
+    "HmacSignature", "StripeSignature",
 }  # fmt: skip
 
 

@@ -112,11 +112,25 @@ async def start_for_worker(
     world: contract.World, *, deployment_id: str, port: int | None, host: str = "0.0.0.0"
 ) -> MetricsServer | None:
     """The worker's endpoint on ``port`` (None: off), over the World it serves; metrics
-    are recorded from then on (``metrics.enable``)."""
+    are recorded from then on (``metrics.enable``).
+
+    A port it cannot listen on (taken by another process on a shared host network, say)
+    is logged as an error and the worker serves its runs without ``/metrics``: metrics
+    never stop a worker from working.
+    """
     if port is None:
         return None
-    metrics.enable()
     server = MetricsServer(WorldGauges(world, deployment_id=deployment_id), host=host, port=port)
-    bound = await server.start()
+    try:
+        bound = await server.start()
+    except OSError as exc:
+        log.error(
+            "metrics: cannot listen on %s:%d (%s); this worker serves without /metrics",
+            host,
+            port,
+            exc,
+        )
+        return None
+    metrics.enable()
     log.info("metrics: serving /metrics on %s:%d", host, bound)
     return server
