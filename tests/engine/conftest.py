@@ -36,18 +36,19 @@ MakeApp = Callable[..., Workflows]
 OpenWorld = Callable[..., Awaitable[Any]]
 
 
-# A module marked ``pytestmark = BOTH_FORMATS`` runs each of its tests three ways: spec 9
-# on both Worlds, and spec 8 on the local World (issue 12 "Done when": the engine suites
-# on both formats); each app of the test mints its runs in that format.
+# A module marked ``pytestmark = BOTH_FORMATS`` runs each of its tests four ways: spec 9
+# and spec 8, each on both Worlds (issue 12 "Done when": the engine suites on both formats
+# and both Worlds); each app of the test mints its runs in that format.
 WORLD_CASES = ["local", "postgres+nats"]
-BOTH_FORMATS = pytest.mark.parametrize("open_world", [*WORLD_CASES, "local-spec8"], indirect=True)
+SPEC8_CASES = ["local-spec8", "postgres+nats-spec8"]
+BOTH_FORMATS = pytest.mark.parametrize("open_world", [*WORLD_CASES, *SPEC8_CASES], indirect=True)
 
 
 @pytest.fixture(params=WORLD_CASES)
 def open_world(request: pytest.FixtureRequest, tmp_path: Path) -> OpenWorld:
     """Opens the World under test: the local one, or Postgres + NATS on real servers.
-    ``local-spec8``: the local World, with the test's apps minting spec 8 runs (its
-    opener's ``spec_version``)."""
+    ``local-spec8`` / ``postgres+nats-spec8``: that World, with the test's apps minting
+    spec 8 runs (its opener's ``spec_version``)."""
     if request.param == "local-spec8":
 
         async def local8(tuning: contract.QueueTuning | None = None) -> Any:
@@ -77,6 +78,8 @@ def open_world(request: pytest.FixtureRequest, tmp_path: Path) -> OpenWorld:
         other.deployment_id = deployment_id
         return await other.open(tuning or TUNING)
 
+    if request.param == "postgres+nats-spec8":
+        production.spec_version = 8  # type: ignore[attr-defined]
     return production
 
 

@@ -11,7 +11,9 @@ import treadle
 from treadle.client import start_run
 from treadle.world import ids
 
-from .conftest import MakeApp
+from .conftest import BOTH_FORMATS, MakeApp
+
+pytestmark = BOTH_FORMATS
 
 
 async def test_a_keyed_run_runs_and_its_clock_starts_when_it_was_recorded(

@@ -19,8 +19,10 @@ import asyncpg
 from treadle import Hook, payloads
 from treadle.world import events
 
-from .conftest import MakeApp
+from .conftest import BOTH_FORMATS, MakeApp
 from .test_hooks_and_waits import _wait_for_hook
+
+pytestmark = BOTH_FORMATS
 
 K1 = "k1:" + base64.b64encode(bytes(range(32))).decode()
 K2 = "k2:" + base64.b64encode(bytes(range(50, 82))).decode()
