@@ -67,6 +67,12 @@ def configure(settings: kopf.OperatorSettings, *, namespaced: bool = False) -> N
     # cluster-wide right: kopf must not list CRDs or Namespaces, only discover its
     # resources (allowed to everyone) and watch the namespaces it was given.
     settings.scanning.disabled = namespaced
+    # A timer still inside its handler when its object is marked deleted (run_ttl is:
+    # its own DELETE's watch event can arrive before the call returns) is polled again
+    # only after cancellation_polling, 60 s by default, and the finalizer stays that
+    # long: a TTL'd WorkflowRun outlived its TTL by a minute. Look again within a second.
+    settings.background.cancellation_polling = 1.0
+    settings.background.instant_exit_timeout = 0.1
 
 
 def build_registry(state: State) -> kopf.OperatorRegistry:

@@ -11,12 +11,14 @@ import socket
 from datetime import UTC, datetime, timedelta
 
 import aiohttp
+import kopf
 import pytest
 import yaml
 from kubernetes_asyncio import client
 from pydantic import ValidationError
 
 from treadle_operator import crds, metrics, models, plugin, signals
+from treadle_operator.handlers import configure
 from treadle_operator.kube import Kube
 from treadle_operator.probes import Probes
 from treadle_operator.settings import OperatorSettings
@@ -183,3 +185,15 @@ def test_the_kubectl_plugin_refuses_what_it_cannot_use() -> None:
         plugin.signal(plugin.parser().parse_args(["resume", "r", "--payload-from-configmap", "x"]))
     with pytest.raises(plugin.PluginError, match="--input: not JSON"):
         plugin.signal(plugin.parser().parse_args(["rerun", "r", "--input", "{"]))
+
+
+def test_a_deleted_object_waits_at_most_a_second_for_a_timer_still_in_its_handler() -> None:
+    """CI on bb90412: run_ttl's DELETE came back as a watch event while the timer was still
+    in the call; kopf's default polls a still-running timer again after 60 s and kept the
+    finalizer (and the expired WorkflowRun) that long. tests/k8s/test_operator_status_sync
+    is the timeline against a real API server; this pins the setting that bounds it."""
+    settings = kopf.OperatorSettings()
+    assert settings.background.cancellation_polling == 60  # kopf's default, what bit us
+    configure(settings)
+    assert settings.background.cancellation_polling <= 1.0
+    assert settings.background.instant_exit_timeout is not None
