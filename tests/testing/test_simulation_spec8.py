@@ -343,6 +343,13 @@ CI8_SEEDS = list(range(40))  # ~0.6 s of CPU each: 40 keep CI well within its +6
 PINNED8: list[tuple[int, str, tuple[str, ...], str]] = [
     (22, "none", ("--runs", "1", "--processes", "1"), "single-flight: one process, 45 s body"),
     (7, "kill_owner=0.1,budget=1", ("--runs", "1"), "at most once: owned recovery, r=0"),
+    (
+        1178,
+        "crash=0.001,duplicate=0.01,kill=0.008,lapse=0.006,lost_wake=0.004,stall=0.0015,"
+        "storage_error=0.02,budget=4",
+        ("--spec", "mixed"),
+        "an inline outcome's failed write is written again, not failed as exhausted",
+    ),
 ]
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import traceback
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -195,35 +196,49 @@ async def _wake(rt: Runtime, message: messages.StepMessage) -> None:
     await rt.world.queue.send(wake)
 
 
+async def write_outcome_retrying(
+    write: Callable[[], Awaitable[object]], *, run_id: str, step_name: str, attempt: int, what: str
+) -> None:
+    """An attempt's outcome written by ``write``, a storage error retried
+    (``WRITE_ATTEMPTS`` in all, backing off): the body ran, and a redelivery would find
+    the attempt started with no outcome and re-run it, or, on the last attempt, fail
+    the step as exhausted though its body returned (simulation seed 320 for a
+    background step, 1178 for a spec 8 inline one). A retry after an unknown outcome
+    that had committed is refused as ``StepAlreadyEnded`` (raised to the caller): the
+    first write's outcome stands. Shared by the step handler and ``spec8.bodies``."""
+    for tries in range(1, WRITE_ATTEMPTS + 1):
+        try:
+            await write()
+            return
+        except errors.StorageUnavailable as exc:
+            if tries == WRITE_ATTEMPTS:
+                raise
+            log.warning(
+                "run %s: writing step %s attempt %d's %s failed (%s); trying again",
+                run_id,
+                step_name,
+                attempt,
+                what,
+                exc,
+            )
+            await asyncio.sleep(WRITE_RETRY_SECONDS * 2 ** (tries - 1))
+
+
 async def _write_outcome(
     rt: Runtime, message: messages.StepMessage, attempt: int, outcome: Outcome
 ) -> None:
-    """The attempt's outcome, out-of-band. The World refuses a second outcome
-    (StepAlreadyEnded): another delivery's attempt won, and its outcome stands.
-
-    A storage error is retried (``WRITE_ATTEMPTS`` in all, backing off): the body ran,
-    and a redelivery would find the attempt started with no outcome and re-run it, or,
-    on the last attempt, fail the step as exhausted though its body returned
-    (simulation seed 320). A retry after an unknown outcome that had committed is
-    refused as StepAlreadyEnded, which is the first write's outcome standing."""
+    """The attempt's outcome, out-of-band (``write_outcome_retrying``). The World refuses
+    a second outcome (StepAlreadyEnded): another delivery's attempt won, and its outcome
+    stands."""
     event = outcome_event(message.step_id, message.step_name, attempt, outcome)
     try:
-        for tries in range(1, WRITE_ATTEMPTS + 1):
-            try:
-                await rt.world.events.create(message.run_id, event, in_band=False)
-                return
-            except errors.StorageUnavailable as exc:
-                if tries == WRITE_ATTEMPTS:
-                    raise
-                log.warning(
-                    "run %s: writing step %s attempt %d's %s failed (%s); trying again",
-                    message.run_id,
-                    message.step_name,
-                    attempt,
-                    event.type,
-                    exc,
-                )
-                await asyncio.sleep(WRITE_RETRY_SECONDS * 2 ** (tries - 1))
+        await write_outcome_retrying(
+            lambda: rt.world.events.create(message.run_id, event, in_band=False),
+            run_id=message.run_id,
+            step_name=message.step_name,
+            attempt=attempt,
+            what=event.type,
+        )
     except errors.StepAlreadyEnded as exc:
         log.info(
             "run %s: step %s attempt %d finished after the step's outcome at slot %d; "

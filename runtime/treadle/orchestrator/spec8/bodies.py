@@ -111,14 +111,16 @@ class Bodies:
             )
             event = steps.outcome_event(step_id, step_name, attempt, outcome)
             if outcome.kind != "retry":
-                await self.write_outcome(event)
+                await self.write_outcome(event, step_name, attempt)
                 return
             # The retry moves to the step's own message; ownership ends here for good.
             event = event.model_copy(update={"creator_message_id": self.meta.message_id})
+            written: list[events.LoggedEvent] = []
             try:
-                logged = await self.writes.write(event)
+                await self._write_retrying(event, step_name, attempt, written)
             except errors.StepAlreadyEnded:
                 return  # another attempt's outcome won
+            logged = written[0]
             retry = self.step_send(
                 step_id, step_name, logged, max_retries, attempt + 1, outcome.retry_after_seconds
             )
@@ -151,12 +153,33 @@ class Bodies:
         )
         return True
 
-    async def write_outcome(self, event: events.Event) -> None:
+    async def write_outcome(self, event: events.Event, step_name: str, attempt: int) -> None:
         """An outcome; the World refuses a second one (another attempt's stands)."""
         try:
-            await self.writes.write(event)
+            await self._write_retrying(event, step_name, attempt, [])
         except errors.StepAlreadyEnded:
             await self.session.read_tail()
+
+    async def _write_retrying(
+        self,
+        event: events.Event,
+        step_name: str,
+        attempt: int,
+        written: list[events.LoggedEvent],
+    ) -> None:
+        """The body ran: its outcome is written again after a storage error, not left
+        for a redelivery to fail as exhausted (``steps.write_outcome_retrying``)."""
+
+        async def write() -> None:
+            written.append(await self.writes.write(event))
+
+        await steps.write_outcome_retrying(
+            write,
+            run_id=self.run_id,
+            step_name=step_name,
+            attempt=attempt,
+            what=event.type,
+        )
 
     def step_send(
         self,

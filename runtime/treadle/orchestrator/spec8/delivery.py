@@ -446,7 +446,9 @@ class Spec8Delivery:
                 attempt = step.starts + 1
                 if attempt > max_retries + 1:
                     await self.bodies.write_outcome(
-                        dispatch.exhausted(step, max_retries, self.meta.message_id)
+                        dispatch.exhausted(step, max_retries, self.meta.message_id),
+                        step.step_name,
+                        attempt - 1,
                     )
                     wrote = True
                     continue
