@@ -30,6 +30,7 @@ from treadle_operator import (
     recovery,
     revisions,
     rollout,
+    specmint,
     transport,
     workers,
 )
@@ -102,6 +103,10 @@ async def reconcile(state: State, body: dict[str, Any]) -> None:
     refused = manifests.template_refusal(spec, every_key)
     if refused is not None:
         await _refuse(state, body, status, refused, reason="InvalidTemplate")
+        return
+    refused = specmint.refusal(spec)
+    if refused is not None:
+        await _refuse(state, body, status, refused, reason="InvalidSpecVersion")
         return
     try:
         world = await state.worlds.get(namespace, spec.world)

@@ -37,7 +37,7 @@ from treadle.client import start_run
 from treadle.sdk import catalogue, functions
 from treadle.world import contract, events
 from treadle.world.records import RunRecord
-from treadle_operator import admission, binding, inputs, metrics, models, runstatus
+from treadle_operator import admission, binding, inputs, metrics, models, runstatus, specmint
 from treadle_operator.conditions import condition, merge_conditions
 from treadle_operator.errors import WorldUnavailable
 from treadle_operator.models import WorkflowDeploymentSpec, WorkflowRunSpec, WorkflowRunStatus
@@ -49,7 +49,6 @@ PLURAL = "workflowruns"
 MIRRORED = "treadle.dev/mirrored-run"
 INPUT_OMITTED = "treadle.dev/input-omitted"  # a mirrored run's input too large to show
 STARTED_BY = binding.STARTED_BY
-SPEC_VERSION = 9
 
 
 class NotYet(Exception):
@@ -157,7 +156,8 @@ async def start(state: State, body: dict[str, Any]) -> None:
                 raise
             # Chosen and recorded here, then the handler stopped before the run was.
             spec, _ = await judged_input(state, body, spec, wfd)
-            status = await _record_on_latest(state, world, body, spec, status)
+            version = _spec_version(wfd, world)
+            status = await _record_on_latest(state, world, body, spec, status, version)
         else:
             foreign = binding.refusal(run, body, wfd)
             if foreign is not None:
@@ -222,12 +222,23 @@ async def start(state: State, body: dict[str, Any]) -> None:
             "conditions": started(status, True, "RunRecorded", f"run {run_id} on {revision}"),
         }
     )
+    version = _spec_version(wfd, world)
     if not await claim(state, body, chosen):
         return  # another operator claimed the object first: it is followed
-    chosen = await _record_on_latest(state, world, body, spec, chosen)
+    chosen = await _record_on_latest(state, world, body, spec, chosen, version)
     metrics.RUNS_STARTED.inc(namespace=namespace)
     await state.kube.event(body, "Started", f"run {run_id} started on revision {chosen.revision}")
     state.sync.track(run_id, world, body, chosen, payloads.active())
+
+
+def _spec_version(wfd: dict[str, Any], world: contract.World) -> int:
+    """The format the run is minted in: the deployment's WORKFLOW_SPEC_VERSION (specmint)."""
+    try:
+        return specmint.version_for(
+            WorkflowDeploymentSpec.model_validate(wfd.get("spec") or {}), world.capabilities
+        )
+    except specmint.InvalidSpecVersion as exc:
+        raise NotYet("InvalidSpecVersion", str(exc)) from None
 
 
 async def claim(state: State, body: dict[str, Any], chosen: WorkflowRunStatus) -> bool:
@@ -275,6 +286,7 @@ async def _record_on_latest(
     body: dict[str, Any],
     spec: WorkflowRunSpec,
     status: WorkflowRunStatus,
+    spec_version: int,
 ) -> WorkflowRunStatus:
     """Record the claimed run; on a revision retired meanwhile, on the new latest (R1).
 
@@ -286,7 +298,9 @@ async def _record_on_latest(
     assert status.revision is not None
     for _ in range(3):
         try:
-            await _record_run(state, world, body, spec, status.run_id, status.revision)
+            await _record_run(
+                state, world, body, spec, status.run_id, status.revision, spec_version
+            )
             return status
         except engine_errors.DeploymentRetired:
             meta = body["metadata"]
@@ -448,6 +462,7 @@ async def _record_run(
     spec: WorkflowRunSpec,
     run_id: str,
     revision: str,
+    spec_version: int,
 ) -> None:
     call = arguments(spec.input)
     assert not isinstance(call, str)
@@ -458,7 +473,7 @@ async def _record_run(
         name=spec.workflow,
         data=functions.encode_arguments(tuple(args), kwargs, f"workflow {spec.workflow}"),
         deployment_id=revision,
-        spec_version=SPEC_VERSION,
+        spec_version=spec_version,
         run_id=run_id,
         attributes=binding.attributes(
             meta["namespace"], meta["name"], spec.deployment, spec.run_key

@@ -366,7 +366,7 @@ def _start_from_code(shop: Shop, revision: str, input: dict[str, Any]) -> str:
         try:
             run = await start_run(
                 world, name="greet", data=functions.encode_arguments((), input, "greet"),
-                deployment_id=revision, spec_version=runs.SPEC_VERSION,
+                deployment_id=revision, spec_version=9,
                 run_id=ids.new_run_id(),
             )  # fmt: skip
             return run.run_id
