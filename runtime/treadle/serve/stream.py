@@ -134,9 +134,13 @@ class EventStream(Response):
                 with contextlib.suppress(OSError):
                     await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
-            with contextlib.suppress(Exception):
-                await self.frames.aclose()
-            self.on_close()
+            # on_close (the subscription's close) runs even when this task is cancelled
+            # while the frames close: a cancelled await here must not leak the feed.
+            try:
+                with contextlib.suppress(Exception):
+                    await self.frames.aclose()
+            finally:
+                self.on_close()
 
 
 def _after(request: Request, query: models.StreamQuery) -> int:
