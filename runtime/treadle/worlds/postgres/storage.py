@@ -20,7 +20,7 @@ from pydantic import JsonValue
 
 from treadle import errors
 from treadle.world import contract, events, ids, records, storagerules
-from treadle.worlds.postgres import append, migrate, rows
+from treadle.worlds.postgres import append, combiner, migrate, rows
 from treadle.worlds.postgres.database import DEFAULT_POOL_SIZE, STATEMENT_TIMEOUT_MS, Database
 from treadle.worlds.postgres.feed import Feed, Subscription
 
@@ -203,6 +203,8 @@ class PostgresEvents:
     def __init__(self, db: Database, feed: Feed) -> None:
         self._db = db
         self._feed = feed
+        # Out-of-band writes of one run that queue behind another go as one (combiner).
+        self.combiner = combiner.Combiner(db, feed, self._create_alone)
 
     async def create(
         self,
@@ -217,7 +219,21 @@ class PostgresEvents:
     ) -> records.EventResult:
         if event.type == "run_repinned":  # run_created: refused by treadle_append
             storagerules.check_event_write(run_id, event)
+        if combiner.groupable(event, in_band=in_band, idempotency_key=idempotency_key):
+            return await self.combiner.create(run_id, event)
         params = append.WriteParams(in_band, expected_seq_in_band, event_count, occurred_at)
+        return await self._write(run_id, event, params, idempotency_key)
+
+    async def _create_alone(self, run_id: str, event: events.Event) -> records.EventResult:
+        return await self._write(run_id, event, append.WriteParams(in_band=False), None)
+
+    async def _write(
+        self,
+        run_id: str,
+        event: events.Event,
+        params: append.WriteParams,
+        idempotency_key: str | None,
+    ) -> records.EventResult:
         with self._feed.writing(run_id):
             result = await append.create(self._db, run_id, event, params, idempotency_key)
             if result.allocated:
