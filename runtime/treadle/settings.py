@@ -202,6 +202,13 @@ class Settings(BaseSettings):
         description="json: one JSON object per log line (time, level, logger, message, "
         "run_id, step, trace_id, span_id).",
     )
+    # Issue 15 item 4 (pg): Run.result waits on the World's feed, polling only without one.
+    TREADLE_RESULT_POLL_SECONDS: float = Field(
+        default=1.0,
+        gt=0,
+        description="How often Run.result reads the run when the World's live feed failed or "
+        "cannot be set up (logged); with a working feed it waits on the feed, no poll.",
+    )
     TREADLE_WORKER_METRICS_PORT: int | None = Field(
         default=None,
         ge=0,
