@@ -21,7 +21,12 @@ from pydantic import JsonValue
 from treadle import errors
 from treadle.world import contract, events, ids, records, storagerules
 from treadle.worlds.postgres import append, combiner, migrate, rows
-from treadle.worlds.postgres.database import DEFAULT_POOL_SIZE, STATEMENT_TIMEOUT_MS, Database
+from treadle.worlds.postgres.database import (
+    DEFAULT_POOL_SIZE,
+    STATEMENT_CACHE_SIZE,
+    STATEMENT_TIMEOUT_MS,
+    Database,
+)
 from treadle.worlds.postgres.feed import Feed, Subscription
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -421,12 +426,17 @@ class PostgresStorage:
         pool_size: int = DEFAULT_POOL_SIZE,
         check_schema: bool = True,
         statement_timeout_ms: int = STATEMENT_TIMEOUT_MS,
+        statement_cache_size: int = STATEMENT_CACHE_SIZE,
     ) -> PostgresStorage:
         """Open a pool on ``dsn``; with ``check_schema``, refuse a database not at this
         treadle's schema version (``IncompatibleStorage``: run ``treadle migrate``).
-        Every statement runs under ``statement_timeout_ms`` (``database``)."""
+        Every statement runs under ``statement_timeout_ms``; each connection keeps up to
+        ``statement_cache_size`` prepared statements, 0 none (``database``)."""
         db = await Database.connect(
-            dsn, pool_size=pool_size, statement_timeout_ms=statement_timeout_ms
+            dsn,
+            pool_size=pool_size,
+            statement_timeout_ms=statement_timeout_ms,
+            statement_cache_size=statement_cache_size,
         )
         if check_schema:
             try:
