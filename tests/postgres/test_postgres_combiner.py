@@ -299,3 +299,35 @@ async def test_the_feed_delivers_every_event_of_a_grouped_append_to_another_worl
             assert slots == list(range(STEPS + 2, 2 * STEPS + 2))
         finally:
             sub.close()
+
+
+async def test_a_write_cancelled_while_it_queues_is_never_sent(
+    storage: PostgresStorage, pg_dsn: str
+) -> None:
+    """The run's row is held so the first write stays in flight; of two writes queued
+    behind it, one is cancelled: once the row is free, only the other is written."""
+    run_id = await _run_with_steps(storage)
+    admin = await asyncpg.connect(pg_dsn)
+    holder = await asyncpg.connect(pg_dsn)
+    try:
+        hold = holder.transaction()
+        await hold.start()
+        await holder.execute("SELECT 1 FROM treadle_runs WHERE run_id = $1 FOR UPDATE", run_id)
+        starts = [
+            events.StepStarted(correlation_id=f"s{i}", step_name="f", attempt=1) for i in range(3)
+        ]
+        calls = [
+            asyncio.ensure_future(storage.events.create(run_id, s, in_band=False)) for s in starts
+        ]
+        await _backend(admin, "%treadle_append(%")  # the first is in flight, the rest queued
+        calls[1].cancel()
+        await hold.rollback()
+        first, third = await asyncio.wait_for(asyncio.gather(calls[0], calls[2]), WAIT)
+        assert (first.event.slot, third.event.slot) == (STEPS + 2, STEPS + 3)
+        assert calls[1].cancelled()
+    finally:
+        await holder.close()
+        await admin.close()
+    page = await storage.events.list(run_id)
+    started = [e.event.correlation_id for e in page.events if e.type == "step_started"]
+    assert started == ["s0", "s2"]
