@@ -12,13 +12,16 @@ after):
   NOTIFYs a LISTEN connection hears;
 - a batch of 10 events: NOTIFYs heard;
 - sequential single in-band appends on one connection, per statement cache size
-  (when this treadle has the setting): appends/s.
+  (when this treadle has the setting): appends/s;
+- ``Run.result`` on a run of 500 events that ends 2.5 s after the wait begins:
+  statements the wait sent and events it read.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import inspect
 import shutil
 import statistics
@@ -34,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 import pgserver
 
+from treadle import client, errors, settings
 from treadle.world import events
 from treadle.worlds.postgres import PostgresStorage
 from treadle.worlds.postgres.migrate import migrate
@@ -121,6 +125,59 @@ async def _singles(dsn: str, count: int, **options: Any) -> float:
         return count / (time.perf_counter() - started)
 
 
+class _App:
+    """What ``Run.result`` needs of its app: the World (here its storage) and settings."""
+
+    def __init__(self, world: Any) -> None:
+        self._world = world
+        self.settings = settings.load({})
+
+    async def world(self) -> Any:
+        return self._world
+
+    def use_payload_keys(self) -> None:
+        pass
+
+
+async def _result_wait(dsn: str) -> tuple[int, int]:
+    async with await PostgresStorage.connect(dsn, pool_size=2) as storage:
+        run = await storage.runs.create(
+            workflow_name="bench", input=None, deployment_id="d", spec_version=9
+        )
+        for i in range(0, 500, 64):
+            batch = [
+                events.StepCreated(correlation_id=f"s{j}", step_name="f")
+                for j in range(i, min(i + 64, 500))
+            ]
+            await storage.events.create_batch(run.run_id, batch, in_band=False)
+        db: Any = storage._db
+        calls = [0, 0]
+        fetch, fetchrow = db.fetch, db.fetchrow
+
+        async def counted_fetch(sql: str, *args: object) -> Any:
+            rows = await fetch(sql, *args)
+            calls[0] += 1
+            calls[1] += sum(1 for r in rows if "slot" in sql and len(r) > 2 and r[2] is not None)
+            return rows
+
+        async def counted_fetchrow(sql: str, *args: object) -> Any:
+            calls[0] += 1
+            return await fetchrow(sql, *args)
+
+        db.fetch, db.fetchrow = counted_fetch, counted_fetchrow
+
+        async def end_later() -> None:
+            await asyncio.sleep(2.5)
+            cancel = events.RunCancelled(reason="bench")
+            await storage.events.create(run.run_id, cancel, in_band=False)
+
+        ender = asyncio.ensure_future(end_later())
+        with contextlib.suppress(errors.RunCancelledError):
+            await client.Run(_App(storage), run.run_id).result(timeout=30)  # type: ignore[arg-type]
+        await ender
+        return calls[0] - 1, calls[1]  # less the cancel's own append
+
+
 async def _measure(dsn: str, repeats: int, count: int) -> None:
     await migrate(dsn)
     admin = await asyncpg.connect(dsn)
@@ -129,6 +186,11 @@ async def _measure(dsn: str, repeats: int, count: int) -> None:
     await listener.add_listener("treadle_events", heard)
     try:
         print(f"NOTIFYs for one batch of 10 events: {await _batch_notifies(dsn, heard)}")
+        statements, read = await _result_wait(dsn)
+        print(
+            f"Run.result over a 2.5 s wait on a 500-event run: {statements} statements, "
+            f"{read} events read"
+        )
         for width in (100, 1000):
             rows = [await _fanout(dsn, width, heard, admin) for _ in range(repeats)]
             ms = [r["ms"] for r in rows]
