@@ -9,7 +9,6 @@ works in one process; ``worker=False`` turns that off.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from types import TracebackType
@@ -18,7 +17,16 @@ from typing import Any, ParamSpec, TypeVar, overload
 from pydantic import BaseModel, JsonValue
 
 import treadle.telemetry.hooks as telemetry_hooks
-from treadle import clock, errors, hookresume, hooktokens, limits, payloads, serde, settings
+from treadle import (
+    errors,
+    hookresume,
+    hooktokens,
+    limits,
+    payloads,
+    resultwait,
+    serde,
+    settings,
+)
 from treadle import runwrites as out_of_band
 from treadle.orchestrator import compat
 from treadle.orchestrator.runtime import Runtime
@@ -67,28 +75,10 @@ class Run:
     async def result(self, timeout: float | None = None) -> Any:
         """The run's output; raises ``RunFailedError``, ``RunCancelledError`` or TimeoutError."""
         world = await self.app.world()
-        news = asyncio.Event()
-
-        def on_event(event: events.LoggedEvent) -> None:
-            if event.type in events.RUN_TERMINAL_TYPES:
-                news.set()
-
-        sub = world.events.subscribe(self.run_id, 0, on_event, lambda exc: news.set())
-        deadline = None if timeout is None else clock.monotonic() + timeout
-        try:
-            while True:
-                run = await world.runs.get(self.run_id)
-                if run.is_terminal:
-                    self.app.use_payload_keys()
-                    return _outcome(run)
-                remaining = None if deadline is None else deadline - clock.monotonic()
-                if remaining is not None and remaining <= 0:
-                    raise TimeoutError(f"run {self.run_id} is still {run.status} after {timeout} s")
-                news.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(news.wait(), min(remaining or 1.0, 1.0))
-        finally:
-            sub.close()
+        poll = self.app.settings.TREADLE_RESULT_POLL_SECONDS
+        run = await resultwait.RunEnd(world, self.run_id, poll).wait(timeout)
+        self.app.use_payload_keys()
+        return _outcome(run)
 
     async def cancel(self, reason: str | None = None) -> None:
         """Cancel the run (out-of-band ``run_cancelled``); pending timers find it ended."""

@@ -202,6 +202,20 @@ class Settings(BaseSettings):
         description="json: one JSON object per log line (time, level, logger, message, "
         "run_id, step, trace_id, span_id).",
     )
+    # Issue 15 item 4 (pg): Run.result on the feed; prepared statements on the postgres World.
+    TREADLE_RESULT_POLL_SECONDS: float = Field(
+        default=1.0,
+        gt=0,
+        description="How often Run.result reads the run when the World's live feed failed or "
+        "cannot be set up (logged); with a working feed it waits on the feed, no poll.",
+    )
+    TREADLE_DATABASE_STATEMENT_CACHE_SIZE: int = Field(
+        default=100,
+        ge=0,
+        description="Prepared statements the postgres World keeps per connection (each call "
+        "one round trip); 0 turns them off for a pooler that cannot hold them (PgBouncer in "
+        "transaction mode without max_prepared_statements), at a second round trip a call.",
+    )
     TREADLE_WORKER_METRICS_PORT: int | None = Field(
         default=None,
         ge=0,

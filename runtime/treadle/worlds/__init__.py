@@ -61,6 +61,7 @@ async def open_world(
             tuning=tuning,
             statement_timeout_ms=config.TREADLE_DATABASE_STATEMENT_TIMEOUT_MS,
             transport=Transport.from_settings(config),
+            statement_cache_size=config.TREADLE_DATABASE_STATEMENT_CACHE_SIZE,
         )
     from treadle.redaction import looks_secret, shown
 

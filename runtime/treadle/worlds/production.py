@@ -57,20 +57,26 @@ class PostgresNatsWorld:
         subject_prefix: str | None = None,
         statement_timeout_ms: int | None = None,
         transport: Transport | None = None,
+        statement_cache_size: int | None = None,
     ) -> PostgresNatsWorld:
         """Open both halves; ``transport`` carries credentials and TLS (default: none beyond
         the URLs). A server refusing them is ``WorldAuthFailed``, raised at once."""
         from treadle.worlds.nats import NatsQueue, names
         from treadle.worlds.postgres import PostgresStorage
-        from treadle.worlds.postgres.database import STATEMENT_TIMEOUT_MS
+        from treadle.worlds.postgres.database import STATEMENT_CACHE_SIZE, STATEMENT_TIMEOUT_MS
 
         if statement_timeout_ms is None:
             statement_timeout_ms = STATEMENT_TIMEOUT_MS
+        if statement_cache_size is None:
+            statement_cache_size = STATEMENT_CACHE_SIZE
         transport = transport or Transport()
         database_url = transport.postgres.dsn(database_url)
         try:
             storage = await PostgresStorage.connect(
-                database_url, check_schema=check_schema, statement_timeout_ms=statement_timeout_ms
+                database_url,
+                check_schema=check_schema,
+                statement_timeout_ms=statement_timeout_ms,
+                statement_cache_size=statement_cache_size,
             )
         except OSError as exc:
             refusal = postgres_refusal(

@@ -25,6 +25,8 @@ from treadle.worlds.postgres import sqlerrors
 from treadle.worlds.postgres.database import Database, Row
 
 APPEND_SQL = "SELECT * FROM treadle_append($1, $2::jsonb[], $3, $4, $5, $6, $7, $8, $9)"
+# Out-of-band events.create calls of one run in one statement (migration 0011).
+GROUP_SQL = "SELECT * FROM treadle_append_group($1, $2::jsonb[])"
 # One more than the report holds: a full report plus one means has_more.
 _REPORT_FETCH = constants.MAX_SKIPPED_SLOT_REPORT + 1
 
@@ -53,6 +55,11 @@ class Appended:
 def _no_naive(moment: datetime | None) -> None:
     if moment is not None and moment.tzinfo is None:
         raise errors.WorldContractError(f"time {moment.isoformat()} has no timezone; use UTC")
+
+
+def check_out_of_band_times(event: events.Event) -> None:
+    """What ``append`` checks of an out-of-band event before it is sent (a naive time)."""
+    _check_times([event], WriteParams(in_band=False))
 
 
 def _check_times(batch: Sequence[events.Event], params: WriteParams) -> None:
@@ -141,6 +148,36 @@ async def create(
         report=tuple(appended.report),
         has_more=appended.has_more,
     )
+
+
+async def create_group(
+    db: Database, run_id: str, group: Sequence[events.Event], payload: Sequence[str]
+) -> list[records.EventResult | errors.WorldError]:
+    """Out-of-band ``events.create`` calls of one run in one statement, each answered as if
+    written alone: its ``EventResult`` or its refusal. ``payload`` holds each event's JSON.
+    Raises (for the whole group) when the statement fails."""
+    result = await db.fetch(GROUP_SQL, run_id, list(payload))
+    answers: list[records.EventResult | errors.WorldError | None] = [None] * len(group)
+    for row in result:
+        index = row[1]
+        if row[0] == "event":
+            sent = group[index]
+            logged = events.LoggedEvent(
+                run_id=run_id,
+                slot=row[2],
+                created_at=row[3],
+                in_band=False,
+                event=sent if row[4] is None else events.parse_event(row[4]),
+            )
+            answers[index] = records.EventResult(event=logged, allocated=1)
+        else:
+            answers[index] = sqlerrors.world_error(row[5], row[6], row[7])
+    return [
+        errors.StorageUnavailable(f"run {run_id}: the grouped append returned no answer")
+        if answer is None
+        else answer
+        for answer in answers
+    ]
 
 
 async def create_batch(

@@ -3,7 +3,13 @@
 Every storage operation is one statement (``fetch`` or ``fetchrow``) on a
 pooled connection in autocommit, so each is its own transaction and one round
 trip: asyncpg keeps a prepared statement per connection, so a repeated call is
-a single Bind/Execute/Sync exchange.
+a single Bind/Execute/Sync exchange. Each connection holds up to
+``statement_cache_size`` (``STATEMENT_CACHE_SIZE``; the setting
+``TREADLE_DATABASE_STATEMENT_CACHE_SIZE``) and keeps them for its life
+(asyncpg's default drops each after 300 s and prepares it again). 0 turns
+prepared statements off, for a pooler that cannot hold them (PgBouncer in
+transaction mode without ``max_prepared_statements``): every call then prepares
+an unnamed statement first, a second round trip.
 
 The pool here is a small one of its own rather than ``asyncpg.Pool``: asyncpg's
 pool resets a connection's session on every release (a second round trip) and
@@ -42,6 +48,8 @@ DEFAULT_POOL_SIZE = 10
 STATEMENT_TIMEOUT_MS = 60_000
 CLIENT_TIMEOUT_GRACE_SECONDS = 5.0
 CONNECT_TIMEOUT_SECONDS = 30.0
+# Prepared statements kept per connection (asyncpg's default size); 0: none (a pooler).
+STATEMENT_CACHE_SIZE = 100
 
 # What a driver call can raise besides a server error: a closed connection
 # (InterfaceError), a socket error or a timeout (OSError).
@@ -80,7 +88,12 @@ class Database:
     """Up to ``pool_size`` connections to one database; every call maps driver errors."""
 
     def __init__(
-        self, dsn: str, pool_size: int, *, statement_timeout_ms: int = STATEMENT_TIMEOUT_MS
+        self,
+        dsn: str,
+        pool_size: int,
+        *,
+        statement_timeout_ms: int = STATEMENT_TIMEOUT_MS,
+        statement_cache_size: int = STATEMENT_CACHE_SIZE,
     ) -> None:
         if pool_size < 1:
             raise errors.WorldContractError(f"pool_size must be >= 1, got {pool_size}")
@@ -88,10 +101,15 @@ class Database:
             raise errors.WorldContractError(
                 f"statement_timeout_ms must be >= 0, got {statement_timeout_ms}"
             )
+        if statement_cache_size < 0:
+            raise errors.WorldContractError(
+                f"statement_cache_size must be >= 0, got {statement_cache_size}"
+            )
         if "://" in dsn:
             redaction.require_readable(dsn, "the Postgres DSN")
         self.dsn = dsn
         self.statement_timeout_ms = statement_timeout_ms
+        self.statement_cache_size = statement_cache_size
         self.where = describe(dsn)
         self._size = pool_size
         self._open = 0
@@ -106,9 +124,15 @@ class Database:
         *,
         pool_size: int = DEFAULT_POOL_SIZE,
         statement_timeout_ms: int = STATEMENT_TIMEOUT_MS,
+        statement_cache_size: int = STATEMENT_CACHE_SIZE,
     ) -> Database:
         """A pool with one connection open (so a bad DSN fails here)."""
-        db = cls(dsn, pool_size, statement_timeout_ms=statement_timeout_ms)
+        db = cls(
+            dsn,
+            pool_size,
+            statement_timeout_ms=statement_timeout_ms,
+            statement_cache_size=statement_cache_size,
+        )
         db._release(await db._acquire(), healthy=True)
         return db
 
@@ -179,6 +203,8 @@ class Database:
             server_settings=settings,
             command_timeout=command_timeout,
             timeout=CONNECT_TIMEOUT_SECONDS,
+            statement_cache_size=self.statement_cache_size,
+            max_cached_statement_lifetime=0,  # treadle's statements are few and fixed
         )
 
     def _release(self, conn: Any, *, healthy: bool) -> None:

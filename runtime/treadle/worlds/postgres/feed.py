@@ -1,7 +1,9 @@
 """The Postgres live feed: LISTEN/NOTIFY pushes a run's committed events in slot order.
 
-Every committed event NOTIFYs ``treadle_events`` with ``run_id:slot`` (from the
-append functions, so every writer's events are announced, in any process).
+Every transaction that appends to a run NOTIFYs ``treadle_events`` once with
+``run_id:slot``, its last slot (from the append functions, so every writer's
+events are announced, in any process; once per event before migration 0011): a
+notification stands for every slot up to the one it names.
 A ``Feed`` holds one dedicated listener connection per World, opened when the
 first subscription is made. A subscription first reads what was committed
 before it subscribed (after the listener is in place, so nothing falls between

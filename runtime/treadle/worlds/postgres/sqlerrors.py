@@ -2,10 +2,10 @@
 
 The append functions (``migrations/0001_init.sql``, ``0004_one_outcome.sql``,
 ``0006_stale_step_start.sql``, ``0008_deployment_rollout.sql``,
-``0010_spec8_one_creation.sql``) raise with
+``0010_spec8_one_creation.sql``, ``0011_grouped_appends.sql``) raise with
 SQLSTATEs of the class ``TRD`` and a JSON ``DETAIL`` carrying the error's
-attributes; batch item refusals come back as rows with the same code and
-detail. ``world_error`` turns either into the
+attributes; batch item and grouped write refusals come back as rows with the
+same code and detail. ``world_error`` turns either into the
 ``treadle.errors`` type the local World raises, with the same attributes and
 message. ``storage_error`` maps everything else: a login the server refuses (a
 password, a certificate, TLS) is ``WorldAuthFailed`` (``transport``), a lost or

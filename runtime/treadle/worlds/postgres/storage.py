@@ -6,7 +6,8 @@ otherwise) and offers ``runs``, ``events``, ``steps`` and ``hooks`` as the World
 contract has them (``treadle.world.contract``). Every call is one statement:
 writes call the append functions of ``migrations/0001_init.sql`` (see
 ``append``), reads are single queries, so a page's snapshot and its events come
-from one consistent state.
+from one consistent state. Out-of-band writes of one run that queue behind one
+in flight share a statement (``combiner``).
 """
 
 from __future__ import annotations
@@ -20,8 +21,13 @@ from pydantic import JsonValue
 
 from treadle import errors
 from treadle.world import contract, events, ids, records, storagerules
-from treadle.worlds.postgres import append, migrate, rows
-from treadle.worlds.postgres.database import DEFAULT_POOL_SIZE, STATEMENT_TIMEOUT_MS, Database
+from treadle.worlds.postgres import append, combiner, migrate, rows
+from treadle.worlds.postgres.database import (
+    DEFAULT_POOL_SIZE,
+    STATEMENT_CACHE_SIZE,
+    STATEMENT_TIMEOUT_MS,
+    Database,
+)
 from treadle.worlds.postgres.feed import Feed, Subscription
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -203,6 +209,8 @@ class PostgresEvents:
     def __init__(self, db: Database, feed: Feed) -> None:
         self._db = db
         self._feed = feed
+        # Out-of-band writes of one run that queue behind another go as one (combiner).
+        self.combiner = combiner.Combiner(db, feed, self._create_alone)
 
     async def create(
         self,
@@ -217,7 +225,21 @@ class PostgresEvents:
     ) -> records.EventResult:
         if event.type == "run_repinned":  # run_created: refused by treadle_append
             storagerules.check_event_write(run_id, event)
+        if combiner.groupable(event, in_band=in_band, idempotency_key=idempotency_key):
+            return await self.combiner.create(run_id, event)
         params = append.WriteParams(in_band, expected_seq_in_band, event_count, occurred_at)
+        return await self._write(run_id, event, params, idempotency_key)
+
+    async def _create_alone(self, run_id: str, event: events.Event) -> records.EventResult:
+        return await self._write(run_id, event, append.WriteParams(in_band=False), None)
+
+    async def _write(
+        self,
+        run_id: str,
+        event: events.Event,
+        params: append.WriteParams,
+        idempotency_key: str | None,
+    ) -> records.EventResult:
         with self._feed.writing(run_id):
             result = await append.create(self._db, run_id, event, params, idempotency_key)
             if result.allocated:
@@ -405,12 +427,17 @@ class PostgresStorage:
         pool_size: int = DEFAULT_POOL_SIZE,
         check_schema: bool = True,
         statement_timeout_ms: int = STATEMENT_TIMEOUT_MS,
+        statement_cache_size: int = STATEMENT_CACHE_SIZE,
     ) -> PostgresStorage:
         """Open a pool on ``dsn``; with ``check_schema``, refuse a database not at this
         treadle's schema version (``IncompatibleStorage``: run ``treadle migrate``).
-        Every statement runs under ``statement_timeout_ms`` (``database``)."""
+        Every statement runs under ``statement_timeout_ms``; each connection keeps up to
+        ``statement_cache_size`` prepared statements, 0 none (``database``)."""
         db = await Database.connect(
-            dsn, pool_size=pool_size, statement_timeout_ms=statement_timeout_ms
+            dsn,
+            pool_size=pool_size,
+            statement_timeout_ms=statement_timeout_ms,
+            statement_cache_size=statement_cache_size,
         )
         if check_schema:
             try:
