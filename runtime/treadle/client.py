@@ -381,8 +381,9 @@ class Workflows:
                 await self._start_worker(world)
         return world
 
-    async def serve(self, role: Role = "all", concurrency: int = 32) -> Worker:
-        """Start a worker on this app's World (for ``treadle worker``)."""
+    async def serve(self, role: Role = "all", concurrency: int | None = None) -> Worker:
+        """Start a worker on this app's World (for ``treadle worker``); ``concurrency``
+        None: ``TREADLE_WORKER_CONCURRENCY``, else derived (``orchestrator.concurrency``)."""
         self._want_worker = False
         world = await self.world()
         worker = Worker(self.runtime(world), role=role, concurrency=concurrency)

@@ -25,13 +25,12 @@ handler installed (``use``, from its settings), else the process's settings.
 from __future__ import annotations
 
 import contextvars
-import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
 from pydantic import JsonValue
 
-from treadle import errors
+from treadle import errors, fastjson
 
 if TYPE_CHECKING:
     from treadle.settings import Settings
@@ -141,7 +140,7 @@ def check_int(value: int, path: str) -> None:
 
 def stored_size(data: JsonValue) -> int:
     """Bytes of ``data`` as compact UTF-8 JSON (what the World stores, near enough)."""
-    return len(json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode())
+    return len(fastjson.dumps(data))
 
 
 def check_size(data: JsonValue, path: str, limits: Limits | None = None) -> None:

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import JsonValue
 
-from treadle import clock, errors
+from treadle import clock, errors, fastjson
 
 if TYPE_CHECKING:
     from treadle.settings import Settings
@@ -163,7 +163,7 @@ def seal(data: JsonValue, ring: KeyRing) -> dict[str, JsonValue]:
     """``data`` (already serde-encoded) as an envelope under the ring's primary key."""
     from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-    plain = json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    plain = fastjson.dumps(data)
     nonce = clock.random_bytes(NONCE_BYTES)
     sealed = AESGCM(ring.keys[ring.primary]).encrypt(nonce, plain, _aad(ring.primary))
     return {

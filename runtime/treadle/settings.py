@@ -223,6 +223,17 @@ class Settings(BaseSettings):
         description="`treadle worker` serves Prometheus /metrics on this port (unset: off; "
         "--metrics-port wins).",
     )
+    # Issue 15 item 4 (hp): fan-out width not capped by a fixed worker concurrency of 32.
+    TREADLE_WORKER_CONCURRENCY: int | None = Field(
+        default=None,
+        ge=1,
+        le=100_000,
+        description="Deliveries a worker runs at once (step messages and orchestrator "
+        "deliveries). Unset: derived from the process's CPUs and its step bodies: 256 per "
+        "CPU (32 to 1,024) when every step is async, twice the default executor's threads "
+        "(at least 32) when any is sync (treadle.orchestrator.concurrency). "
+        "`treadle worker --concurrency N` wins.",
+    )
 
     def payload_keys(self) -> str | None:
         """``TREADLE_PAYLOAD_KEY``, or the whole file ``TREADLE_PAYLOAD_KEY_FILE`` names."""

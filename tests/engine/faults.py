@@ -10,7 +10,7 @@ handler answer, so a test can count timers and assert Redeliver / Handoff; a
 test can hold a delivery at its start (``hold_deliveries``) or a send
 (``hold_sends``) until an ``asyncio.Event`` is set, refuse single items of a
 batch (``refuse_items``), and count log reads and feed pushes
-(``FaultyEvents.reads`` / ``pushed``); ``until()`` lets a test wait on what it
+(``FaultyEvents.reads`` / ``events_read`` / ``pushed``); ``until()`` lets a test wait on what it
 recorded, and ``until_coalesced()`` on the queue's own count of messages folded
 into a held delivery, instead of sleeping.
 """
@@ -110,6 +110,8 @@ class FaultyEvents:
         # the live feed pushed: (the event, the delivery subscribed).
         self.reads: list[tuple[float, Started | None]] = []
         self.pushed: list[tuple[events.LoggedEvent, Started | None]] = []
+        # Per log read (``list`` or ``list_entity``): how many events it returned, and who read.
+        self.events_read: list[tuple[int, Started | None]] = []
 
     def _traced(self, logged: Sequence[events.LoggedEvent]) -> None:
         by = CURRENT.get()
@@ -236,7 +238,15 @@ class FaultyEvents:
 
     async def list(self, run_id: str, **kw: Any) -> Any:
         self.reads.append((time.monotonic(), CURRENT.get()))
-        return await self._inner.list(run_id, **kw)
+        page = await self._inner.list(run_id, **kw)
+        self.events_read.append((len(page.events), CURRENT.get()))
+        return page
+
+    async def list_entity(self, run_id: str, correlation_id: str, **kw: Any) -> Any:
+        self.reads.append((time.monotonic(), CURRENT.get()))
+        page = await self._inner.list_entity(run_id, correlation_id, **kw)
+        self.events_read.append((len(page.events), CURRENT.get()))
+        return page
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)

@@ -11,7 +11,14 @@ from typing import cast
 import pytest
 
 from treadle.world import contract
-from treadle.world.conformance import changes, repin, storage, storage_spec8, storage_views
+from treadle.world.conformance import (
+    changes,
+    entity_reads,
+    repin,
+    storage,
+    storage_spec8,
+    storage_views,
+)
 from treadle.world.conformance.harness import WorldHarness
 from treadle.worlds.postgres import PostgresStorage
 
@@ -56,6 +63,10 @@ def harness(pg_dsn: str) -> PostgresHarness:
 
 
 class TestPostgresStorage(storage.StorageConformance):
+    pass
+
+
+class TestPostgresEntityReads(entity_reads.EntityReadConformance):
     pass
 
 

@@ -116,6 +116,10 @@ class ShiftedStartsEvents:
         page: records.EventPage = await self._inner.list(run_id, **kw)
         return dataclasses.replace(page, events=tuple(self._fix(e) for e in page.events))
 
+    async def list_entity(self, run_id: str, correlation_id: str, **kw: Any) -> records.EventPage:
+        page: records.EventPage = await self._inner.list_entity(run_id, correlation_id, **kw)
+        return dataclasses.replace(page, events=tuple(self._fix(e) for e in page.events))
+
     def subscribe(
         self,
         run_id: str,

@@ -8,6 +8,7 @@ from treadle.testing.memory import MemoryBackend, MemoryWorld
 from treadle.world import contract
 from treadle.world.conformance import (
     changes,
+    entity_reads,
     queue,
     queue_gating,
     queue_spec8,
@@ -35,6 +36,10 @@ def harness() -> MemoryHarness:
 
 
 class TestMemoryStorage(storage.StorageConformance):
+    pass
+
+
+class TestMemoryEntityReads(entity_reads.EntityReadConformance):
     pass
 
 

@@ -48,6 +48,7 @@ async def test_every_point_is_awaited_with_its_run_id() -> None:
         run_id, [events.StepCreated(correlation_id="s1", step_name="f")], in_band=False
     )
     await world.events.list(run_id)
+    await world.events.list_entity(run_id, "s1")
     await world.steps.list(run_id)
     await world.steps.get(run_id, "s1")
     await world.events.create(

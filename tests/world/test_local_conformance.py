@@ -9,6 +9,7 @@ import pytest
 from treadle.world import contract
 from treadle.world.conformance import (
     changes,
+    entity_reads,
     queue,
     queue_gating,
     queue_leases,
@@ -38,6 +39,10 @@ def harness(tmp_path: Path) -> LocalHarness:
 
 
 class TestLocalStorage(storage.StorageConformance):
+    pass
+
+
+class TestLocalEntityReads(entity_reads.EntityReadConformance):
     pass
 
 

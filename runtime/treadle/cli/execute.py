@@ -196,7 +196,7 @@ async def cmd_start(args: argparse.Namespace) -> int:
 
 async def cmd_worker(args: argparse.Namespace) -> int:
     """Serve the World's queue with one app's workflows and steps until SIGINT or SIGTERM."""
-    if args.concurrency < 1:
+    if args.concurrency is not None and args.concurrency < 1:
         raise common.UsageError(f"--concurrency must be at least 1, not {args.concurrency}")
     if args.grace < 0:
         raise common.UsageError(f"--grace must be 0 or more seconds, not {args.grace}")
@@ -212,7 +212,7 @@ async def cmd_worker(args: argparse.Namespace) -> int:
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
     try:
-        await app.serve(role=args.role, concurrency=args.concurrency)
+        worker = await app.serve(role=args.role, concurrency=args.concurrency)
         metrics_server = await metricsserver.start_for_worker(
             await app.world(),
             deployment_id=app.settings.TREADLE_DEPLOYMENT_ID,
@@ -222,7 +222,7 @@ async def cmd_worker(args: argparse.Namespace) -> int:
         names = ", ".join(sorted(app.workflows)) or "no workflows"
         output.err(
             f"treadle worker: serving {names} from {where} on {app.settings.TREADLE_WORLD} "
-            f"(role {args.role}, concurrency {args.concurrency}); Ctrl-C stops"
+            f"(role {args.role}, concurrency {worker.concurrency}); Ctrl-C stops"
         )
         await stop.wait()
         output.err("treadle worker: stopping")

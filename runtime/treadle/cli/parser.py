@@ -69,7 +69,14 @@ def build_parser() -> Parser:
         "module", metavar="MODULE_OR_FILE", help="path/to/file.py or package.module (:APP)"
     )
     worker.add_argument("--role", choices=["all", "orchestrator", "steps"], default="all")
-    worker.add_argument("--concurrency", type=int, default=32, metavar="N")
+    worker.add_argument(
+        "--concurrency",
+        type=int,
+        default=None,
+        metavar="N",
+        help="deliveries at once (default: TREADLE_WORKER_CONCURRENCY, else derived from "
+        "the CPUs and the step bodies: 256 per CPU, 32 to 1,024, for async steps)",
+    )
     worker.add_argument(
         "--grace",
         type=float,

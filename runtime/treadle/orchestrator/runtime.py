@@ -40,6 +40,50 @@ class RecentKeys:
             self._keys.popitem(last=False)
 
 
+# Runs whose last consumed slot a process remembers (the no-op wake's fast path): the
+# most recently delivered ones; a run pushed out only loses the fast path (its next plain
+# wake loads the log, as after a restart). About 100 bytes each: 1 MB at the cap.
+CONSUMED_RUNS_REMEMBERED = 10_000
+
+
+class ConsumedSlots:
+    """The slot this process last consumed per run, for the most recent ``limit`` runs.
+
+    A least-recently-delivered run is forgotten once more than ``limit`` are held, so a
+    worker serving 100,000 runs holds ``limit`` entries, not one per run it ever served
+    (issue 15 item 5: no growth that is not bounded). Reads and writes move a run to the
+    front. The mapping operations the deliveries use: ``get`` and ``[run_id] = slot``.
+    """
+
+    def __init__(self, limit: int = CONSUMED_RUNS_REMEMBERED) -> None:
+        if limit < 1:
+            raise ValueError(f"limit must be at least 1, got {limit}")
+        self._slots: collections.OrderedDict[str, int] = collections.OrderedDict()
+        self.limit = limit
+
+    def get(self, run_id: str, default: int | None = None) -> int | None:
+        slot = self._slots.get(run_id)
+        if slot is None:
+            return default
+        self._slots.move_to_end(run_id)
+        return slot
+
+    def __setitem__(self, run_id: str, slot: int) -> None:
+        self._slots[run_id] = slot
+        self._slots.move_to_end(run_id)
+        while len(self._slots) > self.limit:
+            self._slots.popitem(last=False)
+
+    def __contains__(self, run_id: object) -> bool:
+        return run_id in self._slots
+
+    def __len__(self) -> int:
+        return len(self._slots)
+
+    def forget(self, run_id: str) -> None:
+        self._slots.pop(run_id, None)
+
+
 @dataclass
 class Runtime:
     world: contract.World
@@ -47,8 +91,8 @@ class Runtime:
     steps: Mapping[str, functions.StepFunction[Any, Any]]
     settings: Settings
     deployment_id: str
-    # The slot this process last consumed per run (the no-op wake fast path).
-    consumed: dict[str, int] = field(default_factory=dict)
+    # The slot this process last consumed per run (the no-op wake fast path), bounded.
+    consumed: ConsumedSlots = field(default_factory=ConsumedSlots)
     near_due_sent: RecentKeys = field(default_factory=RecentKeys)
     # Deliveries (message, delivery, start) whose re-send pass sent: once per delivery,
     # not again in its coalesced re-runs.

@@ -3,9 +3,11 @@
 ``execute`` runs one attempt of a step body (inline or background) and turns
 what happened into an outcome: completed, retry (with its delay) or failed.
 ``handle_step_message`` is the handler of a background step's one message
-(seed 003 "One delivery of a step message"): it reads the run's log on every
-delivery, writes ``step_started`` out-of-band (a stale start, refused as
-``StaleStepStart``, or a lease lost meanwhile, runs no body), runs the body,
+(seed 003 "One delivery of a step message"): on every delivery it reads the
+run's record and the step's own events (``events.list_entity``, never the whole
+log: a delivery costs the same in a run of 10,000 events as of 10), writes
+``step_started`` out-of-band (a stale start, refused as ``StaleStepStart``, or a
+lease lost meanwhile, runs no body), runs the body,
 writes the outcome, wakes the orchestrator, and acknowledges, or asks for the
 same message again to retry in place.
 
@@ -15,8 +17,9 @@ a step the log created under that id with that name, with the input, retries,
 workflow name and stamps the log holds. A message naming a step the log never
 created, under another name, or carrying an input other than the log's, runs
 nothing, writes nothing, and is acknowledged with a warning naming the run (a
-forged or stale message). So a plain first delivery reads the log too, unlike
-the seed's turbo path for steps: one read per step message is the price.
+forged or stale message). So a plain first delivery reads the step's events too,
+unlike the seed's turbo path for steps: two small reads per step message are the
+price. The run's stamps come from its record, which follows a ``run_repinned``.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from treadle import clock, errors, limits, serde
 from treadle.orchestrator.runtime import Runtime
 from treadle.sdk import context, functions
 from treadle.telemetry import hooks as telemetry_hooks
-from treadle.world import constants, events, messages
+from treadle.world import constants, events, messages, records
 
 log = logging.getLogger("treadle.orchestrator.steps")
 
@@ -146,47 +149,56 @@ class _StepLog:
     retry_after: datetime | None = None
     last_type: str = ""
     last_activity: datetime | None = None
-    # The run, as its run_created has it.
-    run: events.RunCreated | None = None
+    # The run, as its record has it (``runs.get``: its row, folded from its log).
+    run: records.RunRecord | None = None
     # The step's creation: its step_created, or an inline step's first step_started.
     creation: events.StepCreated | events.StepStarted | None = None
+    # How many of the step's events were read (a delivery reads only its own step's).
+    events_read: int = 0
+
+    def apply(self, logged: events.LoggedEvent) -> None:
+        """Fold one of the step's own events (slot order)."""
+        event = logged.event
+        self.events_read += 1
+        self.last_activity = logged.created_at
+        if self.creation is None and (
+            isinstance(event, events.StepCreated)
+            or (isinstance(event, events.StepStarted) and event.inline)
+        ):
+            self.creation = event
+        if isinstance(event, events.StepCreated) or (
+            isinstance(event, events.StepStarted) and event.input is not None
+        ):
+            self.input = event.input
+        if self.outcome:
+            return  # events after the outcome are inert
+        self.last_type = event.type
+        if isinstance(event, events.StepStarted):
+            self.starts += 1
+        elif isinstance(event, events.StepRetrying):
+            self.retry_after = event.retry_after
+        elif event.type in events.STEP_OUTCOME_TYPES:
+            self.outcome = True
 
 
 async def _read_step_log(rt: Runtime, run_id: str, step_id: str) -> _StepLog:
-    state = _StepLog()
-    after = 0
+    """What a step message's delivery decides on: the run's record (its status, workflow,
+    deployment and format) and the step's own events, read by correlation id
+    (``events.list_entity``), so a delivery, a redelivery or a retry hop reads the few
+    events of its step and never the rest of the run's log (seed 003 follow-up 3): its
+    cost is the same at slot 20 as at slot 20,000. ``RunNotFound`` for no run. (Two
+    small reads, one after the other: the run's row first, so a run that ended is seen
+    ended by the step's events read after it.)"""
+    run = await rt.world.runs.get(run_id)
+    page = await rt.world.events.list_entity(run_id, step_id)
+    state = _StepLog(run_terminal=run.is_terminal, run=run)
     while True:
-        page = await rt.world.events.list(run_id, after_slot=after)
         for logged in page.events:
-            event = logged.event
-            if event.type in events.RUN_TERMINAL_TYPES:
-                state.run_terminal = True
-            if isinstance(event, events.RunCreated) and state.run is None:
-                state.run = event
-            if event.correlation_id != step_id:
-                continue
-            state.last_activity = logged.created_at
-            if state.creation is None and (
-                isinstance(event, events.StepCreated)
-                or (isinstance(event, events.StepStarted) and event.inline)
-            ):
-                state.creation = event
-            if isinstance(event, events.StepCreated) or (
-                isinstance(event, events.StepStarted) and event.input is not None
-            ):
-                state.input = event.input
-            if state.outcome:
-                continue  # events after the outcome are inert
-            state.last_type = event.type
-            if isinstance(event, events.StepStarted):
-                state.starts += 1
-            elif isinstance(event, events.StepRetrying):
-                state.retry_after = event.retry_after
-            elif event.type in events.STEP_OUTCOME_TYPES:
-                state.outcome = True
+            if logged.correlation_id == step_id:  # the World's filter, held to it
+                state.apply(logged)
         if not page.has_more:
             return state
-        after = page.cursor
+        page = await rt.world.events.list_entity(run_id, step_id, after_slot=page.cursor)
 
 
 async def _wake(rt: Runtime, message: messages.StepMessage) -> None:
@@ -320,8 +332,6 @@ async def handle_step_message(
 def _refusal(message: messages.StepMessage, state: _StepLog) -> str | None:
     """Why the log contradicts the message (a forged or stale one), or None."""
     creation = state.creation
-    if state.run is None:
-        return "the run's log has no run_created"
     if creation is None:
         return f"the run's log created no step {message.step_id}"
     if creation.step_name != message.step_name:

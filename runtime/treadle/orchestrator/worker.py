@@ -30,6 +30,7 @@ from typing import Literal
 
 from treadle import clock, errors, limits, payloads
 from treadle.orchestrator import pinning, reads, specrouting, steps, timers
+from treadle.orchestrator.concurrency import worker_concurrency
 from treadle.orchestrator.delivery import OrchestratorDelivery
 from treadle.orchestrator.runtime import Runtime
 from treadle.orchestrator.spec8 import delivery as spec8_delivery
@@ -56,10 +57,11 @@ def _freeze_startup_objects() -> None:
 
 
 class Worker:
-    def __init__(self, rt: Runtime, *, role: Role = "all", concurrency: int = 32) -> None:
+    def __init__(self, rt: Runtime, *, role: Role = "all", concurrency: int | None = None) -> None:
         self.rt = rt
         self.role = role
-        self.concurrency = concurrency
+        # None: TREADLE_WORKER_CONCURRENCY, else sized from the CPUs and the step bodies.
+        self.concurrency = worker_concurrency(rt.settings, rt.steps, concurrency)
         self._consumer: contract.Consumer | None = None
         self._limits = limits.Limits.from_settings(rt.settings)
         self._payload_keys = payloads.KeyRing.from_settings(rt.settings)  # bad keys: at start

@@ -295,6 +295,19 @@ class Events(Protocol):
         """Events after ``after_slot`` in slot order, with the run's snapshot read first."""
         ...
 
+    async def list_entity(
+        self, run_id: str, correlation_id: str, *, after_slot: int = 0, limit: int = 1000
+    ) -> records.EventPage:
+        """The events of one step, wait or hook (those whose ``correlation_id`` it is) after
+        ``after_slot``, in slot order, with the run's snapshot read first: what ``list``
+        pages would hold of it, without reading the rest of the log (a background step's
+        delivery reads only its own step, however long the run's log is). ``cursor`` is
+        the last listed slot (``after_slot`` on an empty page), ``has_more`` that more of
+        the entity's events follow. ``RunNotFound`` for no such run; an empty page for an
+        id the run has no event of. The same ``limit``/``after_slot`` bounds as ``list``
+        (``storagerules.check_list_args``)."""
+        ...
+
     def subscribe(
         self,
         run_id: str,

@@ -72,6 +72,16 @@ def check_batch(run_id: str, batch: Sequence[events.Event]) -> None:
             )
 
 
+def check_list_args(run_id: str, after_slot: int, limit: int, what: str = "events.list") -> None:
+    """A log listing's bounds: ``limit >= 1`` and ``after_slot >= 0``."""
+    if limit < 1 or after_slot < 0:
+        raise errors.WorldContractError(
+            f"{what} needs limit >= 1 and after_slot >= 0 "
+            f"(got limit {limit}, after_slot {after_slot})",
+            run_id=run_id,
+        )
+
+
 def check_run_id(run_id: str | None) -> None:
     """A run id handed to ``runs.create`` must have the run id shape."""
     if run_id is not None and not ids.is_run_id(run_id):

@@ -53,6 +53,8 @@ class RunState:
 
     record: records.RunRecord
     log: list[Stored] = field(default_factory=list)
+    # correlation id -> its events, in slot order (``events.list_entity``).
+    by_entity: dict[str, list[Stored]] = field(default_factory=dict)
     keys: dict[str, Stored] = field(default_factory=dict)
     steps: dict[str, records.StepRecord] = field(default_factory=dict)
     outcome_slots: dict[str, int] = field(default_factory=dict)
@@ -338,6 +340,8 @@ class Store:
         text = logged.model_dump_json()
         stored = Stored(events.LoggedEvent.model_validate_json(text), text)
         state.log.append(stored)
+        if event.correlation_id is not None:
+            state.by_entity.setdefault(event.correlation_id, []).append(stored)
         if idempotency_key is not None:
             state.keys[idempotency_key] = stored
         if event.type in storagerules.CREATION_LOOKUP_TYPES:

@@ -39,6 +39,7 @@ POINTS: frozenset[str] = frozenset(
         "events.create",
         "events.create_batch",
         "events.list",
+        "events.list_entity",
         "steps.list",
         "steps.get",
         "hooks.get_by_token",

@@ -233,6 +233,22 @@ class MemoryEvents(_Facade):
         )
         return self._leave(fail, "events.list", run_id, result)
 
+    async def list_entity(
+        self, run_id: str, correlation_id: str, *, after_slot: int = 0, limit: int = 1000
+    ) -> records.EventPage:
+        storagerules.check_list_args(run_id, after_slot, limit, "events.list_entity")
+        fail = await self._enter("events.list_entity", run_id)
+        state = self._store.run(run_id)
+        after = [s for s in state.by_entity.get(correlation_id, ()) if s.logged.slot > after_slot]
+        page = tuple(s.read() for s in after[:limit])
+        result = records.EventPage(
+            events=page,
+            snapshot=state.record.snapshot,
+            has_more=len(after) > limit,
+            cursor=page[-1].slot if page else after_slot,
+        )
+        return self._leave(fail, "events.list_entity", run_id, result)
+
     def subscribe(
         self,
         run_id: str,

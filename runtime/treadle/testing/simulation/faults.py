@@ -66,7 +66,15 @@ LATER_KINDS = ("lapse", "pause", "crash")
 SPEC8_KINDS = ("kill_owner", "lose_owner")
 
 STORAGE_POINTS = frozenset(
-    {"runs.get", "runs.list", "events.list", "steps.list", "steps.get", "hooks.get_by_token"}
+    {
+        "runs.get",
+        "runs.list",
+        "events.list",
+        "events.list_entity",
+        "steps.list",
+        "steps.get",
+        "hooks.get_by_token",
+    }
 )
 WRITE_POINTS = frozenset({"runs.create", "events.create", "events.create_batch"})
 

@@ -142,17 +142,31 @@ def _count_runs(
 
 
 def _list_events(
-    conn: sqlite3.Connection, run_id: str, after_slot: int, limit: int
+    conn: sqlite3.Connection,
+    run_id: str,
+    after_slot: int,
+    limit: int,
+    correlation_id: str | None = None,
 ) -> records.EventPage:
+    """A page of the run's log; with ``correlation_id``, of that entity's events only
+    (``events_by_entity`` finds them without reading the rest of the log)."""
     counters = conn.execute(
         "SELECT seq, seq_in_band FROM runs WHERE run_id = ?", (run_id,)
     ).fetchone()
     if counters is None:
         raise errors.RunNotFound(run_id)
-    rows = conn.execute(
-        f"SELECT {EVENT_COLUMNS} FROM events WHERE run_id = ? AND slot > ? ORDER BY slot LIMIT ?",
-        (run_id, after_slot, limit + 1),
-    ).fetchall()
+    if correlation_id is None:
+        rows = conn.execute(
+            f"SELECT {EVENT_COLUMNS} FROM events WHERE run_id = ? AND slot > ? "
+            "ORDER BY slot LIMIT ?",
+            (run_id, after_slot, limit + 1),
+        ).fetchall()
+    else:
+        rows = conn.execute(
+            f"SELECT {EVENT_COLUMNS} FROM events WHERE run_id = ? AND correlation_id = ? "
+            "AND slot > ? ORDER BY slot LIMIT ?",
+            (run_id, correlation_id, after_slot, limit + 1),
+        ).fetchall()
     page = tuple(row_to_event(r) for r in rows[:limit])
     return records.EventPage(
         events=page,
@@ -346,6 +360,20 @@ class LocalEvents:
             )
         return await self._db.call(
             functools.partial(_list_events, run_id=run_id, after_slot=after_slot, limit=limit)
+        )
+
+    async def list_entity(
+        self, run_id: str, correlation_id: str, *, after_slot: int = 0, limit: int = 1000
+    ) -> records.EventPage:
+        storagerules.check_list_args(run_id, after_slot, limit, "events.list_entity")
+        return await self._db.call(
+            functools.partial(
+                _list_events,
+                run_id=run_id,
+                after_slot=after_slot,
+                limit=limit,
+                correlation_id=correlation_id,
+            )
         )
 
     def subscribe(

@@ -46,6 +46,18 @@ LEFT JOIN LATERAL (
 WHERE r.run_id = $1
 ORDER BY e.slot
 """
+# One entity's events (a step's, for its message's delivery): ``treadle_events_creations``
+# (run_id, correlation_id, slot) finds them without reading the rest of the log.
+_LIST_ENTITY_EVENTS_SQL = f"""
+SELECT r.seq, r.seq_in_band, e.slot, e.created_at, e.in_band, e.data
+FROM treadle_runs r
+LEFT JOIN LATERAL (
+    SELECT {rows.EVENT_COLUMNS} FROM treadle_events
+    WHERE run_id = r.run_id AND correlation_id = $4 AND slot > $2 ORDER BY slot LIMIT $3
+) e ON true
+WHERE r.run_id = $1
+ORDER BY e.slot
+"""
 _LIST_STEPS_SQL = f"""
 SELECT r.run_id, {", ".join(f"s.{c.strip()}" for c in rows.STEP_COLUMNS.split(",")[1:])}
 FROM treadle_runs r LEFT JOIN treadle_steps s ON s.run_id = r.run_id
@@ -273,6 +285,24 @@ class PostgresEvents:
                 run_id=run_id,
             )
         found = await self._db.fetch(_LIST_EVENTS_SQL, run_id, after_slot, limit + 1)
+        if not found:
+            raise errors.RunNotFound(run_id)
+        snapshot = events.Snapshot(seq=found[0][0], seq_in_band=found[0][1])
+        page = tuple(rows.event(run_id, r, 2) for r in found[:limit] if r[2] is not None)
+        return records.EventPage(
+            events=page,
+            snapshot=snapshot,
+            has_more=len(found) > limit,
+            cursor=page[-1].slot if page else after_slot,
+        )
+
+    async def list_entity(
+        self, run_id: str, correlation_id: str, *, after_slot: int = 0, limit: int = 1000
+    ) -> records.EventPage:
+        storagerules.check_list_args(run_id, after_slot, limit, "events.list_entity")
+        found = await self._db.fetch(
+            _LIST_ENTITY_EVENTS_SQL, run_id, after_slot, limit + 1, correlation_id
+        )
         if not found:
             raise errors.RunNotFound(run_id)
         snapshot = events.Snapshot(seq=found[0][0], seq_in_band=found[0][1])
