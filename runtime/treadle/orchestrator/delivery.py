@@ -400,8 +400,8 @@ class OrchestratorDelivery:
         if self.inline.busy or self.session.has_pending:
             await self._wait_for_news(self._next_wait_due_ms())
             return None
-        if await self.ahead.drain():
-            return None
+        if await self.ahead.drain() or self.inline.busy:
+            return None  # replayed, or a body started once its start committed
         if await self.session.read_tail():
             return None
         decided = self.session.tail  # what this pass's replay decided on

@@ -63,7 +63,9 @@ class InlineSteps:
 
     @property
     def running(self) -> set[str]:
-        return set(self._tasks.values())
+        """Steps with a body running here, or about to (a start written ahead)."""
+        starting = self.runahead.starting if self.runahead is not None else set()
+        return set(self._tasks.values()) | starting
 
     @property
     def busy(self) -> bool:

@@ -70,8 +70,10 @@ class RunAheadStats:
     repairs: int = 0
     stops: int = 0
     restarts: int = 0
-    # Bodies of refused speculative creations: the restarted pass may run them again.
+    # Bodies of refused speculative creations: the restarted pass may run them again
+    # (seed 003 "Step bodies a run-ahead stop can run twice"), and the most in one stop.
     bodies_at_risk: int = 0
+    most_at_risk_in_a_stop: int = 0
 
 
 STATS = RunAheadStats()
@@ -122,6 +124,7 @@ class _Group:
     deferred: dict[str, operations.StepCall] = field(default_factory=dict)
     outcomes: int = 0
     has_creation: bool = False
+    sent: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 class RunAhead:
@@ -147,6 +150,7 @@ class RunAhead:
         self.failure: BaseException | None = None
         self._open: _Group | None = None
         self._queue: list[_Group] = []
+        self._sending: _Group | None = None
         self._pump: asyncio.Task[None] | None = None
         self._unconfirmed_outcomes = 0
         self._room = asyncio.Event()
@@ -158,6 +162,15 @@ class RunAhead:
         inline.runahead = self
 
     # -- state -----------------------------------------------------------------------
+
+    @property
+    def starting(self) -> set[str]:
+        """Steps written ahead whose body waits for its start to commit (max_retries=0)."""
+        return {cid for group in self._groups() for cid in group.deferred}
+
+    def _groups(self) -> list[_Group]:
+        ends = [g for g in (self._sending, self._open) if g is not None]
+        return [*self._queue, *ends]
 
     @property
     def speculating(self) -> bool:
@@ -190,14 +203,18 @@ class RunAhead:
                      step_id)  # fmt: skip
             return True
         if kind == "retry" or not isinstance(event, OUTCOMES):
-            return False
+            await self._behind_speculation()
+            return asyncio.current_task() in self._orphans
         while self._may_speculate() and self._unconfirmed_outcomes >= self.depth:
             # At the cap: wait for an earlier speculative write to settle, then run ahead too.
             self._room.clear()
             self.kick()
             await self._room.wait()
+        if asyncio.current_task() in self._orphans:
+            return True  # refused while it waited for room
         if not self._may_speculate():
-            return False
+            await self._behind_speculation()
+            return asyncio.current_task() in self._orphans
         group = self._group()
         group.events.append(self.session.speculate(event, group.at))
         group.outcomes += 1
@@ -239,6 +256,13 @@ class RunAhead:
             return True
         return await self.drain()
 
+    async def _behind_speculation(self) -> None:
+        """Before a body writes on its own: every speculative group asked for so far is
+        written first (its step's creation may be among them)."""
+        self.kick()
+        if self._queue:
+            await self._queue[-1].sent.wait()
+
     def _group(self) -> _Group:
         if self._open is None:
             self._open = _Group(at=clock.utcnow())
@@ -259,10 +283,12 @@ class RunAhead:
 
     async def _send_queued(self) -> None:
         while self._queue:
-            group = self._queue.pop(0)
+            group = self._sending = self._queue.pop(0)
             try:
                 await self._send(group)
             finally:
+                self._sending = None
+                group.sent.set()
                 self._unconfirmed_outcomes -= group.outcomes
                 self._room.set()
                 self.session.news.set()
@@ -424,6 +450,12 @@ class RunAhead:
             extra={"run_id": self.run_id, "possible_log_corruption": True},
         )
         await self.session.send_owed()
+        at_risk = [s for s in self._refused_starts if s in self.inline.ran]
+        STATS.most_at_risk_in_a_stop = max(STATS.most_at_risk_in_a_stop, len(at_risk))
+        if self._orphans:
+            # Their outcome is dropped; the restarted pass may run them again, never beside
+            # a body still running (the re-run follows it, as a redelivery's would).
+            await asyncio.wait(self._orphans)
         self.restarts += 1
         if self.restarts > MAX_RUN_AHEAD_RESTARTS:
             raise RunAheadRestartsSpent(
