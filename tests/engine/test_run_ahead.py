@@ -190,14 +190,20 @@ async def test_a_displaced_speculative_write_is_repaired_not_stopped(
     ``wake_requested``, out-of-band) takes the slot run-ahead predicted; the delivery
     repairs (reloads and replays) without a stop, and the run completes, each body once."""
     app = make_app(world=faulty)
+    inner = faulty.events.create_batch
+    appended = []
 
-    async def during(n: int) -> None:
-        if n == 2:
-            meta = step_metadata()
-            await faulty.inner.events.create(meta.run_id, events.WakeRequested(), in_band=False)
+    async def displaced(run_id: str, batch: Any, **kw: Any) -> records.BatchResult:
+        outcome = batch[0]
+        if not appended and isinstance(outcome, events.StepCompleted) and outcome.result == 3:
+            # Step 2 (0 + 1 + 2) ran ahead: another writer takes the slot it predicted.
+            woken = events.WakeRequested()
+            appended.append(await faulty.inner.events.create(run_id, woken, in_band=False))
+        return await inner(run_id, batch, **kw)
 
+    faulty.events.create_batch = displaced  # type: ignore[method-assign]
     before = _stats()
-    pipe, run = await _run_pipeline(app, during)
+    pipe, run = await _run_pipeline(app)
     assert await run.result(timeout=30) == sum(range(STEPS))
     assert pipe.ran == Counter(range(STEPS))
     delta = _delta(before)

@@ -369,6 +369,11 @@ class RunAhead:
                     f"not its occurred_at {group.at.isoformat()}; run-ahead is off for it"
                 )
                 clean = False
+            elif logged.event != predicted.event:
+                # The workflow consumed what was written; the log holds something else.
+                self._stop(f"the World stored {logged.event.type} at slot {logged.slot} other "
+                           "than it was written")  # fmt: skip
+                clean = False
             elif logged.slot != predicted.slot:
                 self.repair = True
                 clean = False
