@@ -151,6 +151,7 @@ class RunAhead:
         self._open: _Group | None = None
         self._queue: list[_Group] = []
         self._sending: _Group | None = None
+        self._kicked = False
         self._pump: asyncio.Task[None] | None = None
         self._unconfirmed_outcomes = 0
         self._room = asyncio.Event()
@@ -220,6 +221,7 @@ class RunAhead:
         group.outcomes += 1
         self._unconfirmed_outcomes += 1
         if len(group.events) >= MAX_SPECULATIVE_BATCH_EVENTS:
+            self._seal()
             self.kick()
         return True
 
@@ -238,8 +240,9 @@ class RunAhead:
             and len(calls) == len(new)
             and all(c.input_error is None for c in calls)
             and len(calls) <= slots
-            and pending + len(calls) <= MAX_SPECULATIVE_BATCH_EVENTS
         ):
+            if pending + len(calls) > MAX_SPECULATIVE_BATCH_EVENTS:
+                self._seal()
             group = self._group()
             for call in calls:
                 (start,) = decisions.step_creation(
@@ -260,10 +263,13 @@ class RunAhead:
         """Before a body writes on its own: every speculative group asked for so far is
         written first (its step's creation may be among them)."""
         self.kick()
-        if self._queue:
-            await self._queue[-1].sent.wait()
+        last = self._open or (self._queue[-1] if self._queue else None)
+        if last is not None:
+            await last.sent.wait()
 
     def _group(self) -> _Group:
+        """The open group; every event joining it is stored at its one time (a write
+        in flight holds it open: its events' times lag by at most that write)."""
         if self._open is None:
             self._open = _Group(at=clock.utcnow())
         return self._open
@@ -271,19 +277,34 @@ class RunAhead:
     # -- the World's side: sending and checking --------------------------------------
 
     def kick(self) -> None:
-        """Send the open group (behind any write in flight)."""
+        """Send the open group: now, or as soon as the write in flight committed (what
+        joined it meanwhile goes in the same write)."""
         if self._open is None:
             return
-        self._queue.append(self._open)
-        self._open = None
+        self._kicked = True
         if self._pump is None or self._pump.done():
             self._pump = asyncio.get_running_loop().create_task(
                 self._send_queued(), name=f"treadle-run-ahead-{self.run_id}"
             )
 
+    def _seal(self) -> None:
+        """The open group is full: it goes out as it is, and a new one opens."""
+        if self._open is not None:
+            self._queue.append(self._open)
+            self._open = None
+
+    def _next_group(self) -> _Group | None:
+        if self._queue:
+            return self._queue.pop(0)
+        group = self._open
+        if group is None or not self._kicked:
+            return None
+        self._open, self._kicked = None, False
+        return group
+
     async def _send_queued(self) -> None:
-        while self._queue:
-            group = self._sending = self._queue.pop(0)
+        while (group := self._next_group()) is not None:
+            self._sending = group
             try:
                 await self._send(group)
             finally:
