@@ -396,3 +396,38 @@ async def test_a_hazard_appended_out_of_band_stops_and_the_restart_completes_the
     _each_outcome_follows_its_start(log)
     assert [e.type for e in log].count("wait_completed") == 1
     assert set(ran) == set(range(STEPS))
+
+
+async def test_a_max_retries_0_body_never_starts_ahead_of_its_start(
+    make_app: MakeApp, faulty: FaultyWorld
+) -> None:
+    """Seed 003 "maxRetries: 0 is at most once per live owner": run-ahead writes a
+    ``max_retries=0`` step's start ahead with the previous outcome, but its body starts
+    only once that start committed: the body finds its own start in the log."""
+    app = make_app(world=faulty)
+    seen: list[bool] = []
+
+    @app.step
+    async def warm(n: int) -> int:
+        return n
+
+    @app.step(max_retries=0)
+    async def once(n: int) -> int:
+        meta = step_metadata()
+        page = await faulty.inner.events.list(meta.run_id)
+        seen.append(any(e.event.correlation_id == meta.step_id for e in page.events))
+        return n
+
+    @app.workflow
+    async def flow() -> int:
+        total = 0
+        for n in range(3):
+            total += await warm(n) + await once(n)
+        return total
+
+    before = _stats()
+    run = await app.start(flow)
+    assert await run.result(timeout=30) == 6
+    assert seen == [True, True, True]
+    assert _delta(before).get("groups", 0) >= 1, "the run ran ahead"
+    _each_outcome_follows_its_start(await run.events())
