@@ -27,18 +27,10 @@ import logging
 from typing import Any
 
 from treadle import clock, errors, serde, telemetry
-from treadle.orchestrator import (
-    compat,
-    decisions,
-    divergence,
-    hookwrites,
-    pinning,
-    polling,
-    runahead,
-    steps,
-)
+from treadle.orchestrator import compat, decisions, divergence, hookwrites, pinning, polling, steps
 from treadle.orchestrator import specrouting as by_spec
 from treadle.orchestrator.inline import InlineSteps, check_lease
+from treadle.orchestrator.runahead import RunAhead, RunAheadRestartsSpent
 from treadle.orchestrator.runtime import Runtime
 from treadle.orchestrator.session import RunSession
 from treadle.orchestrator.waits import WaitArmer, ms, now_ms
@@ -70,7 +62,7 @@ class OrchestratorDelivery:
         self.session = RunSession(rt, self.run_id, meta.lease_lost)
         self.inline = InlineSteps(rt, self.session, meta, self.deadline_ms - self.margin_ms)
         self.waits = WaitArmer(rt, self.session, message, meta)
-        self.ahead = runahead.RunAhead(rt, self.session, self.inline, meta, self.deadline_ms)
+        self.ahead = RunAhead(rt, self.session, self.inline, meta, self.deadline_ms)
         self._polls = polling.PollSchedule(
             poll_ms=self.settings.WORKFLOW_ORCHESTRATOR_POLL_INTERVAL_MS,
             feed_poll_ms=self.settings.WORKFLOW_ORCHESTRATOR_FEED_POLL_INTERVAL_MS,
@@ -109,7 +101,7 @@ class OrchestratorDelivery:
         except Superseded:
             await self.inline.settle(quiet=True)
             return await self._refused()
-        except runahead.RunAheadRestartsSpent:
+        except RunAheadRestartsSpent:
             await self.inline.settle(quiet=True)
             return messages.HANDOFF
         except Exception as exc:
