@@ -88,6 +88,12 @@ class Settings(BaseSettings):
         default=300000, ge=1000, description="An orchestrator delivery's inline window."
     )
     WORKFLOW_TURBO: bool = Field(default=True, description="First-delivery fast path.")
+    # Issue 15 item 1 (run-ahead, seed 003 "Run-ahead"; orchestrator.runahead).
+    WORKFLOW_RUN_AHEAD_DEPTH: int = Field(
+        default=10,
+        description="Spec 9: inline step outcomes handed to the workflow before their write "
+        "commits, at most this many unconfirmed at once (clamped to 0..16; 0 turns it off).",
+    )
     WORKFLOW_WAIT_CONTINUATION_MAX_DELAY_SECONDS: float = Field(
         default=82800, gt=0, description="Longest timer hop; long sleeps go in hops."
     )
@@ -342,7 +348,7 @@ class Settings(BaseSettings):
             raise ValueError("must be an http:// or https:// URL without a query or fragment")
         return value.rstrip("/")
 
-    @field_validator("WORKFLOW_MAX_INLINE_STEPS")
+    @field_validator("WORKFLOW_MAX_INLINE_STEPS", "WORKFLOW_RUN_AHEAD_DEPTH")
     @classmethod
     def _clamp_inline(cls, value: int) -> int:
         return min(max(value, 0), 16)

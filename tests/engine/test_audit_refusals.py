@@ -163,8 +163,10 @@ async def test_no_body_starts_after_a_refusal(make_app: MakeApp, faulty: FaultyW
     """Audit A3 ("no body starts after the refusal"): left = fast() then after(); right =
     slow(). fast and slow finish together; fast's outcome commits, slow's is refused. The
     pass that fast's outcome wakes would start after() inline: it must not, in that
-    delivery (its start is never written by it, its body runs once, in the redelivery)."""
-    app = make_app(world=faulty)
+    delivery (its start is never written by it, its body runs once, in the redelivery).
+    Run-ahead off: under it after() starts ahead, beside its start's write (seed 003 "Step
+    bodies a run-ahead stop can run twice"; tests/engine/test_run_ahead.py)."""
+    app = make_app(world=faulty, WORKFLOW_RUN_AHEAD_DEPTH=0)
     ran: Counter[str] = Counter()
     go = asyncio.Event()
 

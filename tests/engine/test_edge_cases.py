@@ -24,8 +24,9 @@ async def test_self_superseded_refusal_redelivers_and_completes(
     make_app: MakeApp, faulty: FaultyWorld
 ) -> None:
     """Self-superseded 412 (A2, once): the refused delivery answers Redeliver(1), never Ack;
-    its redelivery reloads the log and completes the run."""
-    app = make_app(world=faulty)
+    its redelivery reloads the log and completes the run. Run-ahead off: under it the
+    body starts ahead of its refused start and runs again (tests/engine/test_run_ahead.py)."""
+    app = make_app(world=faulty, WORKFLOW_RUN_AHEAD_DEPTH=0)
     ran: Counter[str] = Counter()
 
     @app.step

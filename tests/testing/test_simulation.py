@@ -279,6 +279,28 @@ PINNED: list[tuple[int, str, str]] = [
     ),
 ]
 
+# Seeds that found a run-ahead bug (issue 15 item 1), replayed at WORKFLOW_RUN_AHEAD_DEPTH
+# 10 (``--run-ahead 10``: a seed's depth is otherwise drawn, and may be 0).
+PINNED_RUN_AHEAD: list[tuple[int, str, str]] = [
+    (
+        1,
+        "crash=0.004,feed_drop=0.01,fence=0.003,pause=0.008,budget=4",
+        "a max_retries=0 start written ahead counts as running until its body starts: "
+        "exhausted_unrun; a drain that started its body passes again: never_ended",
+    ),
+    (
+        3,
+        "feed_drop=0.005,fence=0.003,pause=0.004,stall=0.006,storage_error=0.005,budget=8",
+        "a body's own write queues behind the groups written ahead: a step_retrying "
+        "before its creation (log)",
+    ),
+    (
+        4,
+        "crash=0.004,duplicate=0.02,kill=0.008,lapse=0.006,queue_error=0.02,stall=0.0015,budget=8",
+        "a drain that started a max_retries=0 body passes again, never finishes: never_ended",
+    ),
+]
+
 
 def _cli(*args: str, hash_seed: str | None = None) -> subprocess.CompletedProcess[str]:
     """The simulation's CLI in a fresh interpreter (under ``hash_seed`` if given)."""
@@ -327,6 +349,21 @@ def test_seed_holds_every_invariant(seed: int, ci_results: dict[int, dict[str, A
 def test_pinned_seed_holds_every_invariant_under_its_plan(seed: int, plan: str) -> None:
     """A seed that once showed the bug in its id holds every invariant under its plan."""
     done = _cli("--seed", str(seed), "--plan", plan, "--spec", "9")  # found on spec 9 runs
+    assert done.returncode == 0, (
+        "\n".join(
+            line for line in done.stdout.splitlines() if line.startswith(("VIOLATION", "replay"))
+        )
+        or done.stderr[-2000:]
+    )
+
+
+@pytest.mark.parametrize(
+    ("seed", "plan"),
+    [pytest.param(seed, plan, id=f"{seed}: {bug}") for seed, plan, bug in PINNED_RUN_AHEAD],
+)
+def test_pinned_run_ahead_seed_holds_every_invariant_under_its_plan(seed: int, plan: str) -> None:
+    """A seed that once showed the run-ahead bug in its id holds every invariant."""
+    done = _cli("--seed", str(seed), "--plan", plan, "--spec", "9", "--run-ahead", "10")
     assert done.returncode == 0, (
         "\n".join(
             line for line in done.stdout.splitlines() if line.startswith(("VIOLATION", "replay"))

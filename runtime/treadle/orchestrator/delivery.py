@@ -30,6 +30,7 @@ from treadle import clock, errors, serde, telemetry
 from treadle.orchestrator import compat, decisions, divergence, hookwrites, pinning, polling, steps
 from treadle.orchestrator import specrouting as by_spec
 from treadle.orchestrator.inline import InlineSteps, check_lease
+from treadle.orchestrator.runahead import RunAhead, RunAheadRestartsSpent
 from treadle.orchestrator.runtime import Runtime
 from treadle.orchestrator.session import RunSession
 from treadle.orchestrator.waits import WaitArmer, ms, now_ms
@@ -61,6 +62,7 @@ class OrchestratorDelivery:
         self.session = RunSession(rt, self.run_id, meta.lease_lost)
         self.inline = InlineSteps(rt, self.session, meta, self.deadline_ms - self.margin_ms)
         self.waits = WaitArmer(rt, self.session, message, meta)
+        self.ahead = RunAhead(rt, self.session, self.inline, meta, self.deadline_ms)
         self._polls = polling.PollSchedule(
             poll_ms=self.settings.WORKFLOW_ORCHESTRATOR_POLL_INTERVAL_MS,
             feed_poll_ms=self.settings.WORKFLOW_ORCHESTRATOR_FEED_POLL_INTERVAL_MS,
@@ -99,6 +101,9 @@ class OrchestratorDelivery:
         except Superseded:
             await self.inline.settle(quiet=True)
             return await self._refused()
+        except RunAheadRestartsSpent:
+            await self.inline.settle(quiet=True)
+            return messages.HANDOFF
         except Exception as exc:
             # Any other failure (a send, a read, a body's own write): no pass decides any
             # more, and the delivery fails only once its running bodies settled, so none
@@ -120,6 +125,7 @@ class OrchestratorDelivery:
             if watch is not None:
                 watch.cancel()
             self.inline.cancel()  # only a cancelled delivery (its process stopping) has any
+            await self.ahead.close()  # never cut a speculative write short
             if self._run_started is not None:
                 await asyncio.wait([self._run_started])  # never cut a write short
             self.session.close()
@@ -309,8 +315,12 @@ class OrchestratorDelivery:
                 await self.waits.arm_owned_chains()
                 log.info("run %s: inline window over; handing off", self.run_id)
                 return messages.HANDOFF
+            if await self.ahead.attend():
+                continue  # run-ahead repaired or restarted: replay from the new log
             await self.waits.complete_due_waits()
             outcome = self.replay.advance()
+            if not isinstance(outcome, engine.Suspended) and await self.ahead.drain():
+                continue  # judge an end on the committed log only
             match outcome:
                 case engine.Ended():
                     return await self._finish()
@@ -372,6 +382,8 @@ class OrchestratorDelivery:
         if suspended.new or suspended.dispose:
             return await self._create(suspended)
         reruns = decisions.inline_to_rerun(self.session.state, self.inline.running)
+        if reruns and await self.ahead.drain():
+            return None
         if reruns:
             if not await self.inline.rerun(reruns):
                 # No free inline slot: wait for a running body to settle (never spin; bug 4).
@@ -380,6 +392,8 @@ class OrchestratorDelivery:
         if self.inline.busy or self.session.has_pending:
             await self._wait_for_news(self._next_wait_due_ms())
             return None
+        if await self.ahead.drain() or self.inline.busy:
+            return None  # replayed, or a body started once its start committed
         if await self.session.read_tail():
             return None
         decided = self.session.tail  # what this pass's replay decided on
@@ -417,6 +431,7 @@ class OrchestratorDelivery:
         ends, False, as soon as the live feed does (seed 003: a linger needs the feed).
         """
         session = self.session
+        self.ahead.kick()  # a speculative group goes out while this pass waits
         tail = session.tail
         limit = self.deadline_ms if until_ms is None else min(self.deadline_ms, until_ms)
         while True:
@@ -426,7 +441,7 @@ class OrchestratorDelivery:
             if session.has_pending:
                 self._polls.trouble()  # a push skipped a slot: the read fills the gap
                 await session.read_tail()
-            if session.tail > tail or self.inline.any_done():
+            if session.tail > tail or self.inline.any_done() or self.ahead.needs_attention:
                 self.inline.reap_done()
                 return True
             # Checked after the news: a feed that brought an event and then dropped must
@@ -454,6 +469,8 @@ class OrchestratorDelivery:
 
     async def _create(self, suspended: engine.Suspended) -> messages.HandlerResult | None:
         await self._started()  # the replay ran while it was in flight; nothing is sent before
+        if await self.ahead.create(suspended, self.inline.slots()):
+            return None  # written ahead (bodies started), or replayed after a repair
         conflicts = await hookwrites.write_hooks(self.session, suspended)
         if conflicts:
             return await self._after_hook_conflict(conflicts)

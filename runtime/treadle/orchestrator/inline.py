@@ -16,7 +16,7 @@ Used by ``orchestrator.delivery``.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from treadle import clock, errors
 from treadle.orchestrator import steps
@@ -27,6 +27,9 @@ from treadle.orchestrator.waits import now_ms
 from treadle.orchestrator.writer import LeaseLost, Superseded
 from treadle.replay import operations
 from treadle.world import events, messages
+
+if TYPE_CHECKING:
+    from treadle.orchestrator.runahead import RunAhead
 
 
 def check_lease(meta: messages.DeliveryMeta, run_id: str) -> None:
@@ -54,14 +57,22 @@ class InlineSteps:
         # outcome queues on the writer only after the last of them.
         self.creations_written = asyncio.Event()
         self.creations_written.set()
+        # Every step this delivery ran a body of; run-ahead, when the delivery has it.
+        self.ran: set[str] = set()
+        self.runahead: RunAhead | None = None
 
     @property
     def running(self) -> set[str]:
-        return set(self._tasks.values())
+        """Steps with a body running here, or about to (a start written ahead)."""
+        starting = self.runahead.starting if self.runahead is not None else set()
+        return set(self._tasks.values()) | starting
 
     @property
     def busy(self) -> bool:
         return bool(self._tasks)
+
+    def tasks_of(self, step_id: str) -> list[asyncio.Task[None]]:
+        return [task for task, running in self._tasks.items() if running == step_id]
 
     def any_done(self) -> bool:
         return any(t.done() for t in self._tasks)
@@ -101,6 +112,7 @@ class InlineSteps:
         )
         task.add_done_callback(lambda _task: self.session.news.set())
         self._tasks[task] = step_id
+        self.ran.add(step_id)
 
     async def _run(
         self, step_id: str, step_name: str, step_input: Any, attempt: int, max_retries: int
@@ -118,6 +130,8 @@ class InlineSteps:
         )
         event = steps.outcome_event(step_id, step_name, attempt, outcome)
         await self.creations_written.wait()  # outcomes queue behind the creation batches
+        if self.runahead is not None and await self.runahead.outcome(step_id, event, outcome.kind):
+            return  # handed to the workflow ahead of its write (orchestrator.runahead)
         if outcome.kind != "retry":
             await self._write_outcome(event)
             return

@@ -48,6 +48,11 @@ class RunSession:
         self._feed: contract.Subscription | None = None
         self._owed: dict[str, messages.Send] = {}
         self._sent: set[str] = set()
+        # Run-ahead (``orchestrator.runahead``): while events above ``confirmed`` are held
+        # that were handed to the replay before their write committed, committed events
+        # from anywhere are kept in ``_stash`` until run-ahead settles, never fed.
+        self.confirmed: int | None = None
+        self._stash: dict[int, events.LoggedEvent] = {}
 
     @property
     def tail(self) -> int:
@@ -109,6 +114,7 @@ class RunSession:
                 run_id=self.run_id,
             )
         self.loaded = loaded
+        self.drop_speculation()
         self.state = LogState(self.run_id)
         for event in loaded:
             self.state.apply(event)
@@ -141,6 +147,11 @@ class RunSession:
 
     def offer(self, committed: Sequence[events.LoggedEvent]) -> None:
         """Take committed events; only the gap-free run above what we hold is consumed."""
+        if self.confirmed is not None:
+            for event in committed:
+                if event.slot > self.confirmed:
+                    self._stash[event.slot] = event
+            return
         tail = self.tail
         for event in committed:
             if event.slot > tail:
@@ -156,6 +167,47 @@ class RunSession:
             del self._pending[slot]
         if self.writer is not None:
             self.writer.hold_through(self.tail)
+
+    # -- run-ahead: events handed over before their write committed ------------------------
+
+    def speculate(self, event: events.Event, at: datetime) -> events.LoggedEvent:
+        """Hand ``event`` to the replay at the predicted slot (the next one) and time ``at``,
+        before its write commits; the orchestrator's bookkeeping takes it too."""
+        if self.confirmed is None:
+            self.confirmed = self.tail
+        logged = events.LoggedEvent(
+            run_id=self.run_id, slot=self.tail + 1, created_at=at, in_band=True, event=event
+        )
+        if self.replay is not None:
+            self.replay.feed(logged)
+        self.loaded.append(logged)
+        self.state.apply(logged)
+        return logged
+
+    def confirm(self, committed: Sequence[events.LoggedEvent]) -> None:
+        """Speculative events committed where and as predicted: they are the log now."""
+        assert self.confirmed is not None
+        for event in committed:
+            index = event.slot - 1
+            if 0 <= index < len(self.loaded) and self.loaded[index].slot == event.slot:
+                self.loaded[index] = event
+            self.confirmed = max(self.confirmed, event.slot)
+        for slot in [s for s in self._stash if s <= self.confirmed]:
+            del self._stash[slot]
+
+    def end_speculation(self) -> None:
+        """Every speculative write confirmed: take what was stashed above them, in order."""
+        if self.confirmed is None or self.confirmed < self.tail:
+            return
+        stash, self._stash, self.confirmed = self._stash, {}, None
+        self.offer(sorted(stash.values(), key=lambda e: e.slot))
+        if self.writer is not None:
+            self.writer.hold_through(self.tail)
+
+    def drop_speculation(self) -> None:
+        """Before a reload: forget speculative events and the stash (the load has both)."""
+        self.confirmed = None
+        self._stash = {}
 
     async def read_tail(self, *, attempts: int = reads.READ_ATTEMPTS) -> bool:
         """Read what landed after what we hold; True when something new arrived.

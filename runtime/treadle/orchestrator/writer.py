@@ -166,9 +166,23 @@ class InBandWriter:
             self._accept(result.allocated, [result.event], result.has_more)
             return result
 
-    async def create_batch(self, batch: Sequence[events.Event]) -> records.BatchResult:
+    async def create_batch(
+        self,
+        batch: Sequence[events.Event],
+        *,
+        occurred_at: datetime | None = None,
+        select: Callable[[Sequence[events.Event]], Sequence[events.Event]] | None = None,
+    ) -> records.BatchResult:
+        """One batch write. ``occurred_at`` is stored as every event's time (run-ahead
+        handed the events to the workflow at it). ``select``, called when the write's turn
+        comes, picks what is still written (a run-ahead stop keeps only the outcomes of
+        steps whose start committed); nothing selected is no write at all."""
         async with self._turn(self._take_turn()):
             self._check()
+            if select is not None:
+                batch = select(batch)
+                if not batch:
+                    return records.BatchResult(items=(), allocated=0)
             against = self.known
 
             def write() -> Awaitable[records.BatchResult]:
@@ -178,6 +192,7 @@ class InBandWriter:
                     in_band=True,
                     expected_seq_in_band=self.expected,
                     event_count=against,
+                    occurred_at=occurred_at,
                 )
 
             try:

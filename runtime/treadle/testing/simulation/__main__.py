@@ -43,6 +43,7 @@ def _config(args: argparse.Namespace) -> Config:
         spec=args.spec,
         ownership=not args.no_ownership,
         ownership_lease=args.lease,
+        run_ahead=args.run_ahead,
     )
 
 
@@ -53,6 +54,17 @@ def _spec8_line(
     return (
         f"spec 8: {runs8} runs; residual risks (counted, not failed): {shown}; "
         f"{dict(sorted(notes.items()))}"
+    )
+
+
+def _run_ahead_line(counts: collections.Counter[str], *, depth: int | None = None) -> str:
+    """Run-ahead's counts, with seed 003's one documented double-run case shown apart."""
+    at_risk = counts.get("bodies_at_risk", 0)
+    rest = {k: v for k, v in sorted(counts.items()) if k != "bodies_at_risk"}
+    shown = "" if depth is None else f"depth {depth}; "
+    return (
+        f"run-ahead: {shown}{rest}; residual risk (counted, not failed): {at_risk} bodies of "
+        "refused speculative creations the restarted pass may run again"
     )
 
 
@@ -77,6 +89,7 @@ def _replay(seed: int, args: argparse.Namespace) -> int:
     )
     if report.spec8_runs:
         print(_spec8_line(report.spec8_runs, report.residuals, report.spec8_notes))
+    print(_run_ahead_line(report.run_ahead, depth=report.run_ahead_depth))
     for v in report.violations:
         print(f"VIOLATION {v}  (likely {known.classify(v, report)})")
     if not report.ok:
@@ -92,6 +105,8 @@ def _soak(args: argparse.Namespace) -> int:
     runs = deliveries = handoffs = runs8 = 0
     residuals: collections.Counter[str] = collections.Counter()
     notes: collections.Counter[str] = collections.Counter()
+    ahead: collections.Counter[str] = collections.Counter()
+    ahead_seeds = 0
     sim_seconds = 0.0
     failed: list[Report] = []
     for seed in range(args.start, args.start + args.seeds):
@@ -104,6 +119,8 @@ def _soak(args: argparse.Namespace) -> int:
         runs8 += report.spec8_runs
         residuals.update(report.residuals)
         notes.update(report.spec8_notes)
+        ahead.update(report.run_ahead)
+        ahead_seeds += report.run_ahead_depth > 0
         if args.json:
             line = {
                 "seed": seed,
@@ -114,6 +131,7 @@ def _soak(args: argparse.Namespace) -> int:
                 "faults": dict(report.faults),
                 "spec8_runs": report.spec8_runs,
                 "residuals": dict(report.residuals),
+                "run_ahead": {"depth": report.run_ahead_depth, **report.run_ahead},
             }
             print(json.dumps(line))
             sys.stdout.flush()
@@ -139,6 +157,7 @@ def _soak(args: argparse.Namespace) -> int:
     print(f"faults injected: {dict(sorted(faults.items()))} (total {sum(faults.values())})")
     print(f"failing seeds: {len(failed)}; violations by kind: {dict(kinds)}")
     print(_spec8_line(runs8, residuals, notes))
+    print(f"{ahead_seeds} seeds with run-ahead on; " + _run_ahead_line(ahead))
     return 1 if failed else 0
 
 
@@ -174,6 +193,12 @@ def main(argv: list[str] | None = None) -> int:
         "--no-ownership",
         action="store_true",
         help="spec 8 under the kill switch WORKFLOW_INLINE_OWNERSHIP=0",
+    )
+    p.add_argument(
+        "--run-ahead",
+        type=int,
+        default=None,
+        help="WORKFLOW_RUN_AHEAD_DEPTH for every seed (default: drawn per seed, 0 or 10)",
     )
     args = p.parse_args(argv)
     # No hash seed is fixed: the engine and the simulation never iterate a set of

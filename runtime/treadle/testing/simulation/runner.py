@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import logging
 import random
 import time
@@ -22,6 +23,7 @@ from typing import Any
 
 from treadle import clock, errors, settings
 from treadle.client import Workflows
+from treadle.orchestrator import runahead
 from treadle.testing.memory.consumer import current_delivery
 from treadle.testing.simulation import (
     faults,
@@ -48,6 +50,8 @@ SETTINGS: dict[str, Any] = {
     "WORKFLOW_WAIT_CONTINUATION_MAX_DELAY_SECONDS": 120,
     "TREADLE_DEPLOYMENT_ID": "sim",
 }
+# The share of seeds drawn with run-ahead off (``Config.run_ahead`` None).
+RUN_AHEAD_OFF_SHARE = 0.25
 TUNING = contract.QueueTuning(lease_seconds=10.0, backoff_base_seconds=0.5, backoff_max_seconds=8.0)
 
 
@@ -65,6 +69,15 @@ class Config:
     # WORKFLOW_INLINE_OWNERSHIP (False: seed 000's kill switch) and its lease (virtual s).
     ownership: bool = True
     ownership_lease: float = workload8.LEASE_SECONDS
+    # WORKFLOW_RUN_AHEAD_DEPTH (issue 15 item 1); None: drawn from the seed (off for about
+    # a quarter of the seeds, else the default), from its own stream.
+    run_ahead: int | None = None
+
+    def run_ahead_depth(self, seed: int) -> int:
+        if self.run_ahead is not None:
+            return self.run_ahead
+        off = random.Random(f"{seed}/run-ahead").random() < RUN_AHEAD_OFF_SHARE
+        return 0 if off else int(settings.Settings.model_fields["WORKFLOW_RUN_AHEAD_DEPTH"].default)
 
     def settings(self) -> dict[str, Any]:
         return {
@@ -95,6 +108,11 @@ class Report:
     spec8_notes: collections.Counter[str] = field(default_factory=collections.Counter)
 
     spec8_run_ids: set[str] = field(default_factory=set)
+    # Run-ahead (orchestrator.runahead.STATS, this seed's share): its depth, groups
+    # written, repairs, stops, restarts, and the residual risk of seed 003 "Step bodies a
+    # run-ahead stop can run twice" (bodies_at_risk; counted and reported, never failed).
+    run_ahead_depth: int = 0
+    run_ahead: collections.Counter[str] = field(default_factory=collections.Counter)
 
     @property
     def spec8_runs(self) -> int:
@@ -121,6 +139,8 @@ class Report:
             parts.append("--no-ownership")
         if c.ownership_lease != Config.ownership_lease:
             parts.append(f"--lease {c.ownership_lease:g}")
+        if c.run_ahead is not None:
+            parts.append(f"--run-ahead {c.run_ahead}")
         return " ".join(parts)
 
 
@@ -286,7 +306,12 @@ def simulate(seed: int, config: Config | None = None) -> Report:
         )
     report = Report(seed, plan, config, specs=specs)
     report.programs = spec8.programs(seed, config.shape, specs)
+    # Sequential inline chains for run-ahead to run through, from their own stream.
+    workload.add_chains(report.programs, random.Random(f"{seed}/chains"), specs)
+    report.run_ahead_depth = config.run_ahead_depth(seed)
     sim = Simulation(seed, config, plan)
+    before = dataclasses.asdict(runahead.STATS)
+    runahead.STATS.most_at_risk_in_a_stop = 0
     t0 = time.monotonic()
     try:
         # A held loop abandons ``_main`` inside its ``clock.use``: this block puts the
@@ -304,6 +329,7 @@ def simulate(seed: int, config: Config | None = None) -> Report:
         outcomes = []
     report.real_seconds = time.monotonic() - t0
     report.faults = sim.injector.counts
+    _count_run_ahead(report, before)
     for o, spec in zip(outcomes, report.specs, strict=False):
         created = next((e.event for e in o.log if isinstance(e.event, events.RunCreated)), None)
         stamped = {o.spec_version, getattr(created, "spec_version", spec)}
@@ -336,6 +362,25 @@ def simulate(seed: int, config: Config | None = None) -> Report:
     return report
 
 
+def _count_run_ahead(report: Report, before: dict[str, int]) -> None:
+    """This seed's run-ahead counts; a stop that put more bodies at risk of a second run
+    than the depth allows is a violation (seed 003 bounds them by the depth)."""
+    after = dataclasses.asdict(runahead.STATS)
+    for name, value in after.items():
+        if name != "most_at_risk_in_a_stop" and value - before[name]:
+            report.run_ahead[name] = value - before[name]
+    most = after["most_at_risk_in_a_stop"]
+    if most > max(report.run_ahead_depth, 0):
+        report.violations.append(
+            invariants.Violation(
+                "run_ahead_double_runs",
+                None,
+                f"one run-ahead stop left {most} bodies to run again, over the depth "
+                f"{report.run_ahead_depth}",
+            )
+        )
+
+
 async def _main(sim: Simulation, report: Report) -> list[invariants.RunOutcome]:
     from treadle.testing.memory import MemoryBackend, MemoryWorld
 
@@ -344,7 +389,10 @@ async def _main(sim: Simulation, report: Report) -> list[invariants.RunOutcome]:
     with clock.use(loop.SimClock(ev_loop, random.Random(f"{sim.seed}/bytes"))):
         sim.backend = MemoryBackend(tuning=TUNING, rng=random.Random(f"{sim.seed}/queue"))
         client = MemoryWorld(sim.backend)
-        overrides = sim.config.settings()
+        overrides = {
+            **sim.config.settings(),
+            "WORKFLOW_RUN_AHEAD_DEPTH": report.run_ahead_depth,
+        }
         app = Workflows(world=client, worker=False, settings_=settings.load({}, **overrides))
         workload.build(app, sim.ledger, ev_loop.time)
         starter = spec8.Starter(app, client, overrides)

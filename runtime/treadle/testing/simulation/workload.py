@@ -219,6 +219,27 @@ def generate(rng: random.Random, shape: Shape | None = None, *, prefix: str = ""
     return Program(ops, actors)
 
 
+def add_chains(programs: list[Program], rng: random.Random, specs: list[int]) -> None:
+    """Give some spec 9 programs a run of 3 to 6 sequential inline steps (run-ahead's
+    ground: each outcome and the next start go out in one write), drawn from ``rng``
+    alone so the programs' own draws stay as they were."""
+    for program, spec in zip(programs, specs, strict=True):
+        if spec < 9 or rng.random() >= CHAIN_SHARE:
+            continue
+        at = rng.randint(0, len(program.ops))
+        base = sum(len(o.get("ops", [])) or 1 for o in program.ops) + 1
+        chain = []
+        for i in range(rng.randint(3, 6)):
+            step = _step(rng, f"c{base + i}")
+            step["dur"] = rng.choice([0.0, 0.0, 0.05, 0.5])
+            chain.append(step)
+        program.ops[at:at] = chain
+
+
+# The share of spec 9 programs given a sequential chain (``add_chains``).
+CHAIN_SHARE = 0.6
+
+
 # -- the expected outcome -------------------------------------------------------------------
 
 
