@@ -133,28 +133,38 @@ async def recovery(
     replace: Callable[[], Awaitable[Worker]] | None,
     start_run: Callable[[str], Awaitable[Any]],
     timeout: float,
+    replace_victim: Callable[[Worker], Awaitable[Worker]] | None = None,
+    metric: str = "recovery_ms",
 ) -> Metrics:
     """kill -9 the worker inside ``crash_chain``'s hanging step, to that step starting again.
 
     The hanging step marks ``<HANG_AT>.<pid>``; the kill goes to that pid's worker.
     ``replace`` (when the system needs a new process to recover) is started right
-    after the kill, so its start-up counts.
+    after the kill, so its start-up counts; ``replace_victim`` likewise, told which
+    worker died (a restart in place, under the dead worker's identity). Without
+    either, a surviving worker must take the step over.
     """
     samples: list[float] = []
+    if replace_victim is None and replace is not None:
+        again = replace
+
+        async def replace_victim(_victim: Worker) -> Worker:
+            return await again()
+
     for _ in range(kills):
         workers = await start_workers()
         try:
-            samples.append(await _one_kill(probe_file, workers, replace, start_run, timeout))
+            samples.append(await _one_kill(probe_file, workers, replace_victim, start_run, timeout))
         finally:
             for worker in workers:
                 await worker.stop()
-    return {"recovery_ms": samples}
+    return {metric: samples}
 
 
 async def _one_kill(
     probe_file: Path,
     workers: list[Worker],
-    replace: Callable[[], Awaitable[Worker]] | None,
+    replace: Callable[[Worker], Awaitable[Worker]] | None,
     start_run: Callable[[str], Awaitable[Any]],
     timeout: float,
 ) -> float:
@@ -172,7 +182,7 @@ async def _one_kill(
     killed = await victim.kill()
     workers.remove(victim)
     if replace is not None:
-        workers.append(await replace())
+        workers.append(await replace(victim))
     await measure.until(
         lambda: any(p != pid for p, _ in hang_marks()), timeout, "the step after the kill"
     )

@@ -38,7 +38,7 @@ async def _body(name: str) -> str:
     if attempt == 1 and os.environ.get("TREADLE_TEST_HANG_FIRST_ATTEMPT"):
         await asyncio.sleep(float(os.environ.get("TREADLE_TEST_HANG_SECONDS", "3600")))
     gate = os.environ.get("TREADLE_TEST_GATE")
-    while attempt > 1 and gate and not Path(gate).exists():
+    while attempt > 1 and gate and not Path(gate).exists():  # noqa: ASYNC110 - a file
         await asyncio.sleep(0.02)  # the test's file: nothing else to await
     record(f"{name} done {attempt}")
     return f"{name}:{attempt}"

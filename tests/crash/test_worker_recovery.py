@@ -123,7 +123,7 @@ def _wait_listed(workers: Workers, worker_id: str) -> None:
                     # Listed, and a gated one with its run lease's token.
                     if held and all(lease is None or token for _, lease, token in held):
                         return
-                except Exception:  # noqa: S110 - not written yet
+                except Exception:  # not written yet
                     pass
                 assert time.monotonic() < deadline, f"worker {worker_id} never listed a delivery"
                 await asyncio.sleep(0.02)
