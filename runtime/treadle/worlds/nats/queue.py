@@ -34,6 +34,7 @@ from datetime import UTC, datetime
 from typing import Any, Final
 
 import nats.errors
+import nats.js.errors
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
@@ -89,6 +90,7 @@ class NatsQueue:
         self.replicas = replicas
         # This process as a worker (``liveness``): from its first consume to its last close.
         self.liveness: WorkerLiveness | None = None
+        self._liveness_refused = False
 
     @classmethod
     async def connect(
@@ -259,24 +261,35 @@ class NatsQueue:
     async def _start_liveness(self) -> None:
         """Become a worker: take this identity's heartbeat entry (restart in place releases
         what a previous incarnation held) and watch the others (survivor takeover)."""
-        if self.liveness is not None:
+        if self.liveness is not None or self._liveness_refused:
             return
+        live: WorkerLiveness | None = None
         try:
             kv = await ensure_worker_bucket(self.js, self.names, replicas=self.replicas)
-        except (TimeoutError, nats.errors.Error) as exc:
-            raise errors.StorageUnavailable(
-                f"cannot create the worker bucket {self.names.worker_bucket}: {exc}"
-            ) from exc
-        live = WorkerLiveness(
-            self.nc,
-            kv,
-            self.names,
-            self.leases,
-            worker_id=self.tuning.worker_id,
-            liveness_seconds=self.tuning.liveness_seconds,
-            lease_seconds=self.tuning.lease_seconds,
-        )
-        await live.start()
+            live = WorkerLiveness(
+                self.nc,
+                kv,
+                self.names,
+                self.leases,
+                worker_id=self.tuning.worker_id,
+                liveness_seconds=self.tuning.liveness_seconds,
+                lease_seconds=self.tuning.lease_seconds,
+            )
+            await live.start()
+        except (TimeoutError, nats.errors.Error, nats.js.errors.Error) as exc:
+            # A user whose permissions predate the worker bucket (docs/security-transport.md):
+            # serve on, recovering dead workers' deliveries by the lease only.
+            self._liveness_refused = True
+            if live is not None:
+                await live.close()  # whatever it started (its beats) stops
+            log.error(
+                "worker bucket %s unusable (%s): this worker runs without liveness; a dead "
+                "worker's deliveries come back after TREADLE_QUEUE_LEASE_SECONDS, not at once "
+                "(grant the worker bucket's subjects: docs/security-transport.md)",
+                self.names.worker_bucket,
+                exc,
+            )
+            return
         self.liveness = live
 
     async def forget(self, consumer: NatsConsumer) -> None:
