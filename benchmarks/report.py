@@ -22,7 +22,7 @@ FANOUT_LINES = (("first", ":", "v"), ("last", "-", "o"), ("join", "--", "s"))
 COLORS = dict(zip(COLUMNS, ("tab:green", "tab:blue", "tab:orange", "tab:red"), strict=True))
 METRIC_ORDER = (
     "ttfs", "stso_gap_ms", "ms_per_step@", "fanout", "runs_per_s@", "steps_per_s@",
-    "recovery_ms",
+    "recovery",
 )  # fmt: skip
 
 

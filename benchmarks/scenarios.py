@@ -133,31 +133,51 @@ async def recovery(
     replace: Callable[[], Awaitable[Worker]] | None,
     start_run: Callable[[str], Awaitable[Any]],
     timeout: float,
+    replace_victim: Callable[[Worker], Awaitable[Worker]] | None = None,
+    metric: str = "recovery_ms",
 ) -> Metrics:
     """kill -9 the worker inside ``crash_chain``'s hanging step, to that step starting again.
 
     The hanging step marks ``<HANG_AT>.<pid>``; the kill goes to that pid's worker.
     ``replace`` (when the system needs a new process to recover) is started right
-    after the kill, so its start-up counts.
+    after the kill, so its start-up counts; ``replace_victim`` likewise, told which
+    worker died (a restart in place, under the dead worker's identity). Without
+    either, a surviving worker must take the step over.
     """
     samples: list[float] = []
+    if replace_victim is None and replace is not None:
+        again = replace
+
+        async def replace_victim(_victim: Worker) -> Worker:
+            return await again()
+
+    startups: list[float] = []
     for _ in range(kills):
         workers = await start_workers()
         try:
-            samples.append(await _one_kill(probe_file, workers, replace, start_run, timeout))
+            sample, startup = await _one_kill(
+                probe_file, workers, replace_victim, start_run, timeout
+            )
+            samples.append(sample)
+            if startup is not None:
+                startups.append(startup)
         finally:
             for worker in workers:
                 await worker.stop()
-    return {"recovery_ms": samples}
+    out = {metric: samples}
+    if startups:
+        # The replacement's own start-up (spawn to serving), part of ``metric``.
+        out[metric.removesuffix("_ms") + "_startup_ms"] = startups
+    return out
 
 
 async def _one_kill(
     probe_file: Path,
     workers: list[Worker],
-    replace: Callable[[], Awaitable[Worker]] | None,
+    replace: Callable[[Worker], Awaitable[Worker]] | None,
     start_run: Callable[[str], Awaitable[Any]],
     timeout: float,
-) -> float:
+) -> tuple[float, float | None]:
     key = f"rec-{uuid.uuid4().hex[:8]}"
 
     def hang_marks() -> list[tuple[int, int]]:
@@ -171,8 +191,11 @@ async def _one_kill(
     victim = next(w for w in workers if w.pid == pid)
     killed = await victim.kill()
     workers.remove(victim)
+    startup = None
     if replace is not None:
-        workers.append(await replace())
+        spawned = time.perf_counter_ns()
+        workers.append(await replace(victim))
+        startup = measure.ms(time.perf_counter_ns() - spawned)
     await measure.until(
         lambda: any(p != pid for p, _ in hang_marks()), timeout, "the step after the kill"
     )
@@ -182,4 +205,4 @@ async def _one_kill(
         return probe.END in {label for label, _ in probe.read_file(probe_file).get(key, [])}
 
     await measure.until(ended, 120, "the recovered run's end")
-    return measure.ms(restarted - killed)
+    return measure.ms(restarted - killed), startup

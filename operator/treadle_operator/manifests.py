@@ -83,6 +83,12 @@ def operator_env(
         # /metrics on this port (the chart's PodMonitor scrapes the port named `metrics`);
         # an env var, not an argument, so an older revision's image just ignores it.
         {"name": "TREADLE_WORKER_METRICS_PORT", "value": str(WORKER_METRICS_PORT)},
+        # The worker's identity is its pod's name (downward API): a container restarted in
+        # its pod (kill -9, OOM) releases what it held at once (docs/recovery.md).
+        {
+            "name": "TREADLE_WORKER_ID",
+            "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.name"}},
+        },
         {"name": "TREADLE_DATABASE_URL_FILE", "value": f"{MOUNT}/{DATABASE_URL_FILE}"},
         {"name": "TREADLE_NATS_URL_FILE", "value": f"{MOUNT}/{NATS_URL_FILE}"},
         {  # payload encryption at rest, when the World Secret carries keys

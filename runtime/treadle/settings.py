@@ -171,6 +171,24 @@ class Settings(BaseSettings):
         "(handoffs not counted) moves to the dead letters (treadle dead-letters) instead of "
         "being retried; keep it above WORKFLOW_MAX_QUEUE_DELIVERIES, so a run fails first.",
     )
+    # Issue 15 item 3 (recovery in milliseconds): worker identity and liveness.
+    TREADLE_WORKER_ID: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=253,
+        description="This worker's stable identity (the operator sets the pod name). A worker "
+        "starting with an identity releases at once every delivery its previous incarnation "
+        "held (restart in place); unset: a random id per process, so no such release.",
+    )
+    TREADLE_WORKER_LIVENESS_SECONDS: float = Field(
+        default=3.0,
+        gt=0,
+        le=3600,
+        description="A worker whose heartbeat (one write a second) is older than this is taken "
+        "for dead: a survivor redelivers what it held at once, without waiting out "
+        "TREADLE_QUEUE_LEASE_SECONDS; a worker that cannot write its own heartbeat this long "
+        "treats what it holds as lost.",
+    )
     TREADLE_DATABASE_URL: SecretStr | None = Field(
         default=None, description="PostgreSQL DSN of the postgres World (never logged)."
     )

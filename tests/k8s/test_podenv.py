@@ -86,3 +86,15 @@ def test_treadle_and_python_commands_run_with_this_interpreter() -> None:
     assert podenv.container_argv({"command": ["python3", "-c", "1"]}, env)[0] == sys.executable
     with pytest.raises(podenv.ContainerError, match="no command"):
         podenv.container_argv({"args": ["x"]}, env)
+
+
+async def test_a_worker_pods_identity_is_its_name() -> None:
+    """Issue 15 item 3: the operator's TREADLE_WORKER_ID entry resolves to the pod's name,
+    so a container restarted in its pod carries the identity of the one that died."""
+    from treadle_operator import manifests
+    from treadle_operator.models import WorkflowDeploymentSpec
+
+    spec = WorkflowDeploymentSpec.model_validate({"image": "img:1", "module": "m"})
+    (entry,) = [e for e in manifests.operator_env(spec, "rev") if e["name"] == "TREADLE_WORKER_ID"]
+    env = await podenv.container_env(POD, {"env": [entry]}, _lookup)
+    assert env == {"TREADLE_WORKER_ID": "p-1"}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from treadle_operator import manifests
+from treadle_operator import manifests, podsecurity
 from treadle_operator.models import WorkflowDeploymentSpec
 
 
@@ -48,6 +48,20 @@ def test_workers_get_the_payload_keys_from_the_world_secret_when_it_has_them() -
         "key": "payload-key",
         "optional": True,
     }
+
+
+def test_a_workers_identity_is_its_pods_name() -> None:
+    """Issue 15 item 3: TREADLE_WORKER_ID from the downward API (metadata.name), so a
+    container restarted in its pod releases what its previous incarnation held; a spec.env
+    naming it is refused like the operator's other variables."""
+    made = _made(_spec())
+    env = {e["name"]: e for e in made["spec"]["template"]["spec"]["containers"][0]["env"]}  # type: ignore[index]
+    assert env["TREADLE_WORKER_ID"] == {
+        "name": "TREADLE_WORKER_ID",
+        "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.name"}},
+    }
+    reserved = podsecurity.reserved_names(manifests.operator_env(_spec(), "-"))
+    assert "TREADLE_WORKER_ID" in reserved
 
 
 def _spec(**extra: object) -> WorkflowDeploymentSpec:

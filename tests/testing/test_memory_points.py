@@ -28,13 +28,16 @@ async def _run(world: MemoryWorld) -> str:
 
 
 async def test_every_point_is_awaited_with_its_run_id() -> None:
-    """Each storage and queue call, delivery, settlement and renewal passes its point."""
-    renewed = asyncio.Event()
+    """Each storage and queue call, delivery, settlement, renewal and heartbeat passes its
+    point."""
+    renewed, beaten = asyncio.Event(), asyncio.Event()
 
     class Recording(Scripted):
         async def before(self, point: str, run_id: str | None) -> Interference:
             if point == "queue.renew":
                 renewed.set()
+            if point == "queue.beat":
+                beaten.set()
             return await super().before(point, run_id)
 
     interceptor = Recording()
@@ -66,11 +69,13 @@ async def test_every_point_is_awaited_with_its_run_id() -> None:
 
     async def slow(message: object, meta: messages.DeliveryMeta) -> messages.Ack:
         await renewed.wait()  # held until a heartbeat renewed the lease
+        await beaten.wait()  # and the worker beat once (liveness)
         return messages.ACK
 
     consumer = await world.queue.consume({"step": slow})
     await world.queue.send(step_message(run_id))
     await asyncio.wait_for(renewed.wait(), 10)
+    await asyncio.wait_for(beaten.wait(), 10)
     await consumer.close(grace_seconds=5)
     await world.close()
     assert interceptor.points() == POINTS

@@ -530,10 +530,15 @@ def test_planted_f3_revert_is_reported_as_stale_body(monkeypatch: pytest.MonkeyP
     stalls 20 s in a write at 0.0, its deliveries are told at 10.0 that their leases
     lapsed, and their ``step_started`` batches commit at 20.0 (with F3 no body starts).
     Seed 160, pinned before, stopped showing it after the writer began settling unknown
-    outcomes in place and the step handler began reading the log on every delivery."""
+    outcomes in place and the step handler began reading the log on every delivery.
+    Seed 147 stopped showing it once the workers beat (``treadle.world.liveness``: a
+    stalled process's leases lapse at its 3 s liveness, not its 10 s lease, and the
+    schedule moved); of the candidates above 8 and 76 still do, under the same plan, and
+    8 is used."""
     from treadle.world import messages
 
-    seed, plan = next((s, p) for s, p, bug in PINNED if bug.startswith("F3: stale_body"))
+    _, plan = next((s, p) for s, p, bug in PINNED if bug.startswith("F3: stale_body"))
+    seed = 8
     config = Config(plan=FaultPlan.parse(plan))
     assert simulate(seed, config).ok
     monkeypatch.setattr(messages.DeliveryMeta, "lost_lease", lambda self: False)

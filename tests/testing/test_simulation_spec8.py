@@ -423,16 +423,24 @@ def test_the_kill_switch_brings_back_2780_and_ownership_prevents_it() -> None:
     ``WORKFLOW_INLINE_OWNERSHIP=0`` the hook's wake queues the running inline step and
     its step message runs the body again in the other process, and the invariant
     reports it; with ownership on, the same seed and plan pass: the wake arms a
-    backstop instead, and no residual risk is needed to excuse anything."""
+    backstop instead, and no residual risk but the body's length needs excusing."""
     config = Config(runs=1, plan=FaultPlan.none(), spec="8")
     assert workload8.hook_mid_step(spec8.programs(ISSUE_2780, config.shape, [8])[0])
     off = simulate(ISSUE_2780, dataclasses.replace(config, ownership=False))
     found = [v for v in off.violations if v.kind == "duplicate_inline"]
-    assert any("step o1 " in v.detail for v in found), off.violations
+    # Which inline step of the program the duplicate hits depends on the schedule (o1 as
+    # found; o2 since the workers beat once a second: treadle.world.liveness).
+    assert any(" o1 " in v.detail or " o2 " in v.detail for v in found), off.violations
     assert "--no-ownership" in off.replay_command()
     on = simulate(ISSUE_2780, config)
     assert on.ok, [str(v) for v in on.violations]
-    assert not on.residuals and on.spec8_notes["backstops armed"] >= 1
+    assert on.spec8_notes["backstops armed"] >= 1
+    # The 45 s body outlives the 30 s ownership lease: the backstop's step message runs it
+    # again, absorbed by single flight when it reaches the body's own process (as found),
+    # else excused as seed 000's "longer than the lease" (since the workers beat once a
+    # second, treadle.world.liveness, it reaches the other process). Never a redelivery
+    # while the owner lives.
+    assert set(on.residuals) <= {"longer_than_lease"}, on.residuals
 
 
 @pytest.mark.parametrize("seed", [4, 6])

@@ -42,7 +42,8 @@ OUTSIDER_PASSWORD = "outs1der"
 TOKEN = "s3cr3t-t0ken"
 
 # What a worker (and the CLI, which sends and reads dead letters) may do: treadle's own
-# subjects, its stream's and lease bucket's JetStream API, acks of its consumers, and
+# subjects, its stream's, lease bucket's and worker bucket's JetStream API (the worker
+# bucket's watch is an ordered consumer), acks of its consumers, and
 # replies on its inbox. Kept in step with docs/security-transport.md.
 WORKER_PUBLISH = [
     "treadle.>",
@@ -61,6 +62,16 @@ WORKER_PUBLISH = [
     "$JS.API.STREAM.MSG.GET.KV_TREADLE_RUNS",
     "$JS.API.DIRECT.GET.KV_TREADLE_RUNS.>",
     "$KV.TREADLE_RUNS.>",
+    "$JS.API.STREAM.CREATE.KV_TREADLE_WORKERS",
+    "$JS.API.STREAM.INFO.KV_TREADLE_WORKERS",
+    "$JS.API.STREAM.MSG.GET.KV_TREADLE_WORKERS",
+    "$JS.API.DIRECT.GET.KV_TREADLE_WORKERS.>",
+    "$JS.API.CONSUMER.CREATE.KV_TREADLE_WORKERS",
+    "$JS.API.CONSUMER.CREATE.KV_TREADLE_WORKERS.>",
+    "$JS.API.CONSUMER.INFO.KV_TREADLE_WORKERS.>",
+    "$JS.API.CONSUMER.DELETE.KV_TREADLE_WORKERS.>",
+    "$JS.FC.KV_TREADLE_WORKERS.>",
+    "$KV.TREADLE_WORKERS.>",
 ]
 WORKER_SUBSCRIBE = ["_INBOX.>"]
 

@@ -136,6 +136,10 @@ class QueueTuning:
     delay after a handler raised, doubling per attempt from base up to max.
     ``max_failed_deliveries``: past it, a message whose handler raised again is
     moved to the dead letters (``DeadLetters``) instead of redelivered.
+    ``worker_id`` and ``liveness_seconds``: the worker liveness rules
+    (``treadle.world.liveness``): a consumer that starts with the identity of a dead
+    one releases what that one held at once; a worker silent past ``liveness_seconds``
+    is taken over by a survivor.
     """
 
     lease_seconds: float = 30.0
@@ -143,6 +147,11 @@ class QueueTuning:
     backoff_max_seconds: float = 300.0
     # A message whose handler raised on this many deliveries moves to the dead letters.
     max_failed_deliveries: int = 64
+    # The consuming worker's stable identity (``treadle.world.liveness``); None: a random
+    # one per process. ``liveness_seconds``: how long its heartbeat may be silent before
+    # another worker takes over what it holds.
+    worker_id: str | None = None
+    liveness_seconds: float = 3.0
 
     def backoff_seconds(self, attempt: int) -> float:
         delay: float = self.backoff_base_seconds * 2.0 ** max(attempt - 1, 0)

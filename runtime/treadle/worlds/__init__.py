@@ -32,6 +32,8 @@ async def open_world(
         tuning = contract.QueueTuning(
             lease_seconds=settings.TREADLE_QUEUE_LEASE_SECONDS,
             max_failed_deliveries=settings.TREADLE_QUEUE_MAX_FAILED_DELIVERIES,
+            worker_id=settings.TREADLE_WORKER_ID,
+            liveness_seconds=settings.TREADLE_WORKER_LIVENESS_SECONDS,
         )
     if scheme == "local":
         from treadle.worlds.local import LocalWorld

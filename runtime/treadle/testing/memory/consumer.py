@@ -10,8 +10,11 @@ runs again in the same delivery (``delivery_count + rerun``, same ``attempt``),
 up to ``MAX_COALESCED_RERUNS`` times, then the message is handed off.
 
 The World's interceptor is awaited before each delivery (``queue.deliver``),
-settlement (``queue.settle``) and renewal (``queue.renew``). ``kill()`` is a
-process dying: no more claims, no heartbeats, nothing settled; its leases lapse.
+settlement (``queue.settle``), renewal (``queue.renew``) and worker heartbeat
+(``queue.beat``, once a second: ``treadle.world.liveness``; a consumer started with
+``tuning.worker_id`` first releases what another World's consumer of that identity
+holds: a restart in place). ``kill()`` is a process dying: no more claims, no
+heartbeats, nothing settled; its leases lapse past its liveness.
 
 Started by ``storage.MemoryQueue.consume``.
 """
@@ -26,7 +29,7 @@ import logging
 from treadle import clock, errors
 from treadle.testing.memory import points as fault_points
 from treadle.testing.memory.queue import MIN_WAIT_SECONDS, Leased, MessageQueue, Settled
-from treadle.world import contract, messages, queuerules
+from treadle.world import contract, liveness, messages, queuerules
 
 log = logging.getLogger("treadle.testing.memory.consumer")
 
@@ -63,6 +66,12 @@ class MemoryConsumer:
         self._points = points
         self.world = world
         self.name = name
+        # No random draw for an unnamed worker: the simulation's ids stay where they were.
+        self.worker = tuning.worker_id or name
+        self._liveness = tuning.liveness_seconds
+        self._beat_task: asyncio.Task[None] | None = None
+        self._busy = asyncio.Event()
+        self._parked = True
         self._wake = asyncio.Event()
         self._running: dict[asyncio.Task[None], Leased] = {}
         self._heartbeats: dict[asyncio.Task[None], None] = {}  # ordered, unlike a set
@@ -71,10 +80,46 @@ class MemoryConsumer:
         self._loop_task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
+        if self._tuning.worker_id:
+            self._queue.release_worker(self.worker, self.world)  # restart in place
         self._queue.listen(self._wake)
-        self._loop_task = asyncio.get_running_loop().create_task(
+        loop = asyncio.get_running_loop()
+        self._loop_task = loop.create_task(
             self._dispatch(), name=f"treadle-memory-dispatch-{self.name}"
         )
+        self._beat_task = loop.create_task(self._beating(), name=f"treadle-memory-beat-{self.name}")
+
+    async def _beating(self) -> None:
+        """One heartbeat per worker (``liveness.beat_interval``), through the World's
+        interceptor (``queue.beat``): a stalled or dead process beats no more, and the
+        queue lapses its leases once it is silent past its liveness. A consumer holding
+        nothing has nothing to take over: it parks (no beats, so virtual time jumps over
+        a long sleep at once) and its next claim beats first (``_claimed``)."""
+        interval = liveness.beat_interval(self._liveness)
+        while not self.killed:
+            if not self._running:
+                self._parked = True
+                self._busy.clear()
+                await self._busy.wait()
+                continue
+            await asyncio.sleep(interval)
+            try:
+                answer = await self._points.before("queue.beat", None)
+            except Exception as exc:  # a failed beat: the next one may get through
+                log.warning("consumer %s: heartbeat failed: %s", self.name, exc)
+                continue
+            if self.killed:
+                return
+            if answer == "lose":
+                continue  # the beat never arrived
+            self._queue.beat(self.name, self.worker, self._liveness)
+
+    def _claimed(self) -> None:
+        """Leases were taken: a parked heartbeat beats now and starts again."""
+        if self._parked:
+            self._parked = False
+            self._queue.beat(self.name, self.worker, self._liveness)
+        self._busy.set()
 
     def in_flight(self) -> list[Leased]:
         return list(self._running.values())
@@ -87,25 +132,32 @@ class MemoryConsumer:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._loop_task
         running = list(self._running)
-        if running:
+        if running:  # beating on through the grace: what runs keeps its leases
             _, pending = await asyncio.wait(running, timeout=max(grace_seconds, 0))
             for task in running:  # in start order: a set's order is not reproducible
                 if task in pending:
                     task.cancel()
             if pending:
                 await asyncio.wait(pending)
+        if self._beat_task is not None:
+            self._beat_task.cancel()
+        if not self.killed:
+            self._queue.forget_worker(self.name)
 
     def kill(self) -> None:
         """The process died: take nothing more, renew nothing, settle nothing.
 
-        Deliveries in flight are abandoned as they are: their leases lapse after
-        ``lease_seconds`` and their messages are delivered again, counted. The
+        Deliveries in flight are abandoned as they are: their leases lapse once its
+        heartbeat is ``liveness_seconds`` old (or after ``lease_seconds``, if sooner) and
+        their messages are delivered again, counted. The
         caller cancels the process's tasks (the handlers) itself.
         """
         self.killed = True
         self._stop()
         for heartbeat in list(self._heartbeats):
             heartbeat.cancel()
+        if self._beat_task is not None:
+            self._beat_task.cancel()  # silent from now: its leases lapse past its liveness
 
     def _stop(self) -> None:
         self.closing = True
@@ -124,6 +176,7 @@ class MemoryConsumer:
                 self._tuning.lease_seconds,
                 world=self.world,
                 consumer=self.name,
+                worker=self.worker,
             )
             for leased in claimed:
                 task = loop.create_task(
@@ -131,6 +184,8 @@ class MemoryConsumer:
                 )
                 self._running[task] = leased
                 task.add_done_callback(self._finished)
+            if claimed:
+                self._claimed()
             timeout: float | None = None
             if len(self._running) < self._concurrency:
                 due = self._queue.next_due(self._kinds)

@@ -3,7 +3,7 @@
 A MemoryWorld (one simulated process) may carry an ``Interceptor``. Its
 ``before(point, run_id)`` is awaited at the start of every storage and queue
 call made through that World, and inside its consumers before each delivery,
-settlement and lease renewal. It may:
+settlement, lease renewal and worker heartbeat (``queue.beat``: "lose" drops the beat). It may:
 
 - return ``"proceed"``: the call runs as usual;
 - raise: the call fails before doing anything (a transport failure raises
@@ -53,6 +53,7 @@ POINTS: frozenset[str] = frozenset(
         "queue.settle",
         "queue.renew",
         "queue.deliver",
+        "queue.beat",
     }
 )
 

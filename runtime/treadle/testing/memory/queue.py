@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 from treadle import clock
 from treadle.testing.memory.stats import QueueStats
-from treadle.world import constants, contract, ids, messages, queuerules, routing
+from treadle.world import constants, contract, ids, liveness, messages, queuerules, routing
 
 log = logging.getLogger("treadle.testing.memory.queue")
 
@@ -74,6 +74,18 @@ class Lease:
     world: str
     consumer: str
     lost: LeaseLost
+    timer: asyncio.TimerHandle | None = None
+    # The identity of the worker holding it (``treadle.world.liveness``).
+    worker: str = ""
+
+
+@dataclass(slots=True)
+class _Liveness:
+    """One consumer's heartbeat: its leases lapse once it is silent past ``window``."""
+
+    worker: str
+    window: float
+    last: float
     timer: asyncio.TimerHandle | None = None
 
 
@@ -158,6 +170,8 @@ class MessageQueue:
         self._front = 0
         # A dict, not a set: wakes go out in a fixed order (the simulation replays it).
         self._listeners: dict[asyncio.Event, None] = {}
+        # Per consumer (``Lease.consumer``): its worker's heartbeat.
+        self._beats: dict[str, _Liveness] = {}
 
     # -- wakes ---------------------------------------------------------------------------
 
@@ -219,6 +233,7 @@ class MessageQueue:
         *,
         world: str,
         consumer: str,
+        worker: str = "",
     ) -> list[Leased]:
         """Lease what is due (up to ``capacity``), coalescing messages for held runs."""
         now = clock.monotonic()
@@ -236,7 +251,7 @@ class MessageQueue:
             if capacity <= 0:
                 continue
             capacity -= 1
-            claimed.append(self._lease(entry, now, lease_seconds, world, consumer))
+            claimed.append(self._lease(entry, now, lease_seconds, world, consumer, worker))
         return claimed
 
     def _order(self, due: list[Entry]) -> list[Entry]:
@@ -256,13 +271,21 @@ class MessageQueue:
         return [e for e in order if e is not None]
 
     def _lease(
-        self, entry: Entry, now: float, lease_seconds: float, world: str, consumer: str
+        self,
+        entry: Entry,
+        now: float,
+        lease_seconds: float,
+        world: str,
+        consumer: str,
+        worker: str = "",
     ) -> Leased:
         del self.ready[entry.message_id]
         self.leased[entry.message_id] = entry
         entry.delivery_count += 1
         entry.coalesced = 0
-        lease = Lease(clock.token_hex(8), now + lease_seconds, world, consumer, LeaseLost())
+        lease = Lease(
+            clock.token_hex(8), now + lease_seconds, world, consumer, LeaseLost(), worker=worker
+        )
         lease.timer = asyncio.get_running_loop().call_later(
             lease_seconds, self._lease_timer, entry, lease
         )
@@ -318,6 +341,73 @@ class MessageQueue:
         lease.lost.set()
         self.stats.bump(entry.run_id, "lease_lapses")
         self._ready(entry, clock.monotonic(), counted=True)
+
+    # -- worker liveness (``treadle.world.liveness``) --------------------------------------
+
+    def release_worker(self, worker: str, world: str) -> int:
+        """Restart in place: a consumer of ``world`` starts as ``worker``; every lease a
+        previous incarnation (another World, so another process) holds under that identity
+        lapses now. How many did."""
+        mine = [
+            e
+            for e in self.leased.values()
+            if e.lease is not None and e.lease.worker == worker and e.lease.world != world
+        ]
+        for entry in mine:
+            log.info(
+                "message %s (run %s): worker %s restarted in place; delivering it again",
+                entry.message_id,
+                entry.run_id,
+                worker,
+            )
+            self.stats.bump(entry.run_id, "restart_releases")
+            self.lapse(entry)
+        return len(mine)
+
+    def beat(self, consumer: str, worker: str, window: float) -> None:
+        """``consumer``'s heartbeat: its leases stay while it beats within ``window``."""
+        now = clock.monotonic()
+        live = self._beats.get(consumer)
+        if live is None:
+            live = self._beats[consumer] = _Liveness(worker, window, now)
+        live.last = now
+        if live.timer is None:
+            live.timer = asyncio.get_running_loop().call_later(
+                window, self._liveness_timer, consumer, live
+            )
+
+    def forget_worker(self, consumer: str) -> None:
+        """A consumer closed: it beats no more, and nothing it held lapses for that."""
+        live = self._beats.pop(consumer, None)
+        if live is not None and live.timer is not None:
+            live.timer.cancel()
+
+    def _liveness_timer(self, consumer: str, live: _Liveness) -> None:
+        if self._beats.get(consumer) is not live:
+            return
+        live.timer = None
+        now = clock.monotonic()
+        if not liveness.lapsed(live.last, now, live.window):
+            live.timer = asyncio.get_running_loop().call_later(
+                max(live.last + live.window - now, MIN_WAIT_SECONDS) + MIN_WAIT_SECONDS,
+                self._liveness_timer,
+                consumer,
+                live,
+            )
+            return
+        del self._beats[consumer]
+        held = [
+            e for e in self.leased.values() if e.lease is not None and e.lease.consumer == consumer
+        ]
+        for entry in held:
+            log.info(
+                "message %s (run %s): worker %s silent past its liveness; a survivor takes it over",
+                entry.message_id,
+                entry.run_id,
+                live.worker,
+            )
+            self.stats.bump(entry.run_id, "takeovers")
+            self.lapse(entry)
 
     def renew(self, leased: Leased, lease_seconds: float) -> bool:
         """Extend a live lease; False once it has lapsed or been taken over."""

@@ -20,6 +20,8 @@ Counter: TypeAlias = Literal[
     "reruns",
     "lease_lapses",
     "dead_letters",
+    "takeovers",
+    "restart_releases",
 ]
 
 
@@ -31,7 +33,9 @@ class Counters:
     message made due again counted as an attempt (Redeliver, a raise, a lapse, an
     abandon); ``handoffs``; ``coalesced``: messages folded into an in-flight holder;
     ``reruns``: coalesced re-runs of a holder's handler; ``lease_lapses``;
-    ``dead_letters``."""
+    ``dead_letters``; ``takeovers``: leases lapsed because their worker's heartbeat
+    stopped (``treadle.world.liveness``); ``restart_releases``: leases released by a
+    restart in place."""
 
     sends: int = 0
     deduplicated: int = 0
@@ -43,6 +47,8 @@ class Counters:
     reruns: int = 0
     lease_lapses: int = 0
     dead_letters: int = 0
+    takeovers: int = 0
+    restart_releases: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return {f.name: getattr(self, f.name) for f in fields(self)}

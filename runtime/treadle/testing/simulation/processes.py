@@ -4,7 +4,8 @@ A ``Process`` is one worker: its own ``MemoryWorld`` view over the shared
 ``MemoryBackend`` (so its own interceptor), a real
 ``treadle.orchestrator.runtime.Runtime`` and ``Worker``, and every task it
 spawned (recorded through the loop's task factory, by the ``current_process``
-context variable every task of the process inherits). ``kill()`` marks it dead
+context variable every task of the process inherits), under a worker identity
+(its own, or a dead process's when it restarts in place). ``kill()`` marks it dead
 (its interceptor raises ``ProcessKilled`` from then on, so no cleanup write
 escapes), abandons its deliveries (``consumer.kill()``: their leases lapse and
 they come back) and cancels its tasks. ``stall(seconds)`` blocks every World call
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -66,9 +68,12 @@ class ProcessKilled(BaseException):
 class Process:
     """One simulated worker process."""
 
-    def __init__(self, name: str, sim: Any) -> None:
+    def __init__(self, name: str, sim: Any, worker_id: str | None = None) -> None:
         self.name = name
         self.sim = sim  # the runner's Simulation (backend, injector, loop, settings)
+        # Its TREADLE_WORKER_ID: its own, or a dead process's (a restart in place, which
+        # releases at once what that one held: ``treadle.world.liveness``).
+        self.worker_id = worker_id or f"worker-{name}"
         self.dead = False
         self.stalled_until: float | None = None
         self._unstalled = asyncio.Event()
@@ -89,7 +94,10 @@ class Process:
     async def start(self, app: Workflows) -> None:
         from treadle.testing.memory import MemoryWorld
 
-        self.world = MemoryWorld(self.sim.backend, interceptor=self.interceptor, name=self.name)
+        tuning = dataclasses.replace(self.sim.backend.tuning, worker_id=self.worker_id)
+        self.world = MemoryWorld(
+            self.sim.backend, tuning=tuning, interceptor=self.interceptor, name=self.name
+        )
         worker = Worker(app.runtime(self.world), role="all", concurrency=self.sim.concurrency)
         self.worker = worker
         task = asyncio.get_running_loop().create_task(worker.start(), context=self.context)

@@ -168,6 +168,8 @@ class Simulation:
         self._background: set[asyncio.Task[Any]] = set()
         self.ignored_leases: list[IgnoredLease] = []
         self.spec8_runs: set[str] = set()
+        self.identity_rng = random.Random(f"{seed}/identity")
+        self.restarts_in_place = 0
 
     def now(self) -> float:
         return asyncio.get_running_loop().time()
@@ -179,7 +181,11 @@ class Simulation:
         proc.kill(self.now())
         self.ownership_lost.append((self.now(), None))
         if sum(not p.dead for p in self.processes.values()) == 0 or self.rng.random() < 0.7:
-            self._spawn_later(self.rng.choice([0.5, 5.0, 20.0]))
+            # Half the time the next process restarts in place, under the dead one's
+            # identity (drawn from a stream of its own: the actors' draws stay as pinned).
+            in_place = self.identity_rng.random() < 0.5
+            identity = proc.worker_id if in_place else None
+            self._spawn_later(self.rng.choice([0.5, 5.0, 20.0]), identity)
 
     def force_lapse(self, run_id: str | None, proc: Process) -> bool:
         """The lease of the calling delivery (else the first in flight for ``run_id``)
@@ -234,10 +240,10 @@ class Simulation:
                 else:
                     self.on_kill(proc)
 
-    def _spawn_later(self, delay: float) -> None:
+    def _spawn_later(self, delay: float, worker_id: str | None = None) -> None:
         async def spawn() -> None:
             await asyncio.sleep(delay)
-            await self.spawn()
+            await self.spawn(worker_id)
 
         self._keep(spawn())
 
@@ -246,9 +252,11 @@ class Simulation:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    async def spawn(self) -> Process:
+    async def spawn(self, worker_id: str | None = None) -> Process:
         self._spawned += 1
-        proc = Process(f"p{self._spawned}", self)
+        proc = Process(f"p{self._spawned}", self, worker_id)
+        if worker_id is not None:
+            self.restarts_in_place += 1
         self.processes[proc.name] = proc
         assert self.app is not None
         await proc.start(self.app)

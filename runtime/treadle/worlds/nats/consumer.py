@@ -123,7 +123,7 @@ class NatsConsumer:
                 await asyncio.wait(pending)
         with contextlib.suppress(Exception):
             await self._queue.nc.flush()
-        self._queue.forget(self)
+        await self._queue.forget(self)
 
     def _start_delivery(self, msg: Msg) -> None:
         task = asyncio.get_running_loop().create_task(self._accept(msg))
@@ -140,6 +140,9 @@ class NatsConsumer:
         """What to do with a message JetStream just delivered to this process."""
         if self._closing:
             return _quietly(msg.nak())  # taken as the consumer closed: straight back
+        live = self._queue.liveness
+        if live is not None and not live.fresh():
+            return _quietly(msg.nak())  # this worker's liveness lapsed: it takes nothing
         try:
             d = delivery.read_delivery(
                 msg, self._queue.names, max_carried=self._queue.tuning.max_failed_deliveries
@@ -162,6 +165,8 @@ class NatsConsumer:
             return _quietly(self._progress(current))
         if current is not None:
             self._lapsed(current)  # the new copy is the message now; the old one stops
+        if live is not None:
+            d.lease_lost.expired = live.expired()
         self._active[d.sequence] = d
         return self._deliver(d)
 
@@ -210,10 +215,16 @@ class NatsConsumer:
 
     async def _deliver(self, d: Delivery) -> None:
         heartbeat = asyncio.get_running_loop().create_task(self._heartbeat(d))
+        live = self._queue.liveness
         try:
             await self._progress(d)
-            if d.gate_key is not None and not await self._hold(d):
-                return
+            if live is not None:
+                live.hold(d)  # listed in the next beat: released at once if this worker dies
+            if d.gate_key is not None:
+                if not await self._hold(d):
+                    return
+                if live is not None:
+                    live.hold(d)  # listed again, with its run lease's token
             await self._run(d)
         except asyncio.CancelledError:
             # Shutdown cut the delivery off: leave the message to be delivered again.
@@ -221,6 +232,8 @@ class NatsConsumer:
             raise
         finally:
             heartbeat.cancel()
+            if live is not None:
+                live.drop(d)
             if self._active.get(d.sequence) is d:
                 del self._active[d.sequence]
 

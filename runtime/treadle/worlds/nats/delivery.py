@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypeAlias
 
@@ -31,6 +32,25 @@ from treadle.worlds.nats import names
 log = logging.getLogger("treadle.worlds.nats")
 
 Message: TypeAlias = messages.OrchestratorMessage | messages.StepMessage
+
+
+class DeliveryLease(asyncio.Event):
+    """A delivery's ``lease_lost``: set when the consumer learns the lease lapsed, and
+    also read as set the moment its worker's liveness lapsed (``expired``), with no task
+    having run to set it: a handler checking it right after a stalled loop resumes
+    stops before it writes (``liveness.WorkerLiveness``)."""
+
+    def __init__(self, expired: Callable[[], bool] | None = None) -> None:
+        super().__init__()
+        self.expired = expired
+
+    def is_set(self) -> bool:
+        if super().is_set():
+            return True
+        if self.expired is not None and self.expired():
+            self.set()
+            return True
+        return False
 
 
 @dataclass(slots=True)
@@ -54,7 +74,7 @@ class Delivery:
     token: str | None = None
     # Set once this delivery knows its lease lapsed (``DeliveryMeta.lease_lost``): the
     # handler stops, and the consumer never acks for it again.
-    lease_lost: asyncio.Event = field(default_factory=asyncio.Event)
+    lease_lost: DeliveryLease = field(default_factory=DeliveryLease)
 
     # Of the deliveries, those counted on earlier copies: only the headers say so.
     carried: int = 0

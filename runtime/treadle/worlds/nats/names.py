@@ -9,8 +9,9 @@ One stream holds every deployment's messages on per-run subjects::
 
 Each deployment has two durable pull consumers (``<deployment>_orch`` and
 ``<deployment>_step``) and its run leases live in one KV bucket per stream under
-``<deployment>.<run_id>``. A name that is not a safe token is made one by
-``token``. Called by every module of the package.
+``<deployment>.<run_id>``; each consuming worker's heartbeat lives in
+``<stream>_WORKERS`` under ``<deployment>.<worker_id>``. A name that is not a
+safe token is made one by ``token``. Called by every module of the package.
 """
 
 from __future__ import annotations
@@ -130,3 +131,12 @@ class Names:
     def lease_key(self, run_id: str, deployment: str | None = None) -> str:
         """The KV key of a run's lease on ``deployment`` (default: this queue's)."""
         return f"{token(deployment or self.deployment)}.{token(run_id)}"
+
+    @property
+    def worker_bucket(self) -> str:
+        """The KV bucket of worker heartbeats (``liveness``)."""
+        return f"{self.stream}_WORKERS"
+
+    def worker_key(self, worker_id: str) -> str:
+        """The KV key of a worker's heartbeat entry on this queue's deployment."""
+        return f"{token(self.deployment)}.{token(worker_id)}"

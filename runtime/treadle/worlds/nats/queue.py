@@ -34,6 +34,7 @@ from datetime import UTC, datetime
 from typing import Any, Final
 
 import nats.errors
+import nats.js.errors
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
@@ -41,6 +42,7 @@ from treadle import errors, redaction
 from treadle.world import contract, ids, messages, queuerules, records, routing
 from treadle.worlds.nats import deadletters, jetstream, leases, names
 from treadle.worlds.nats.consumer import NatsConsumer
+from treadle.worlds.nats.liveness import WorkerLiveness, ensure_worker_bucket
 from treadle.worlds.transport import NatsTransport, PlaintextRefused, nats_refusal
 
 log = logging.getLogger("treadle.worlds.nats")
@@ -76,6 +78,8 @@ class NatsQueue:
         ns: names.Names,
         tuning: contract.QueueTuning,
         run_leases: leases.RunLeases,
+        *,
+        replicas: int = 1,
     ) -> None:
         self.nc = nc
         self.js: JetStreamContext = nc.jetstream()
@@ -83,6 +87,10 @@ class NatsQueue:
         self.tuning = tuning
         self.leases = run_leases
         self.consumers: list[NatsConsumer] = []
+        self.replicas = replicas
+        # This process as a worker (``liveness``): from its first consume to its last close.
+        self.liveness: WorkerLiveness | None = None
+        self._liveness_refused = False
 
     @classmethod
     async def connect(
@@ -144,7 +152,7 @@ class NatsQueue:
         except BaseException:
             await nc.close()
             raise
-        return cls(nc, ns, tuning, leases.RunLeases(kv, tuning.lease_seconds))
+        return cls(nc, ns, tuning, leases.RunLeases(kv, tuning.lease_seconds), replicas=replicas)
 
     async def send(
         self,
@@ -228,6 +236,7 @@ class NatsQueue:
             )
             for kind in handlers
         }
+        await self._start_liveness()
         await consumer.start(durable)
         self.consumers.append(consumer)
         return consumer
@@ -249,15 +258,56 @@ class NatsQueue:
 
     pending = backlog  # the name tests/nats/test_nats_backlog.py knows
 
-    def forget(self, consumer: NatsConsumer) -> None:
+    async def _start_liveness(self) -> None:
+        """Become a worker: take this identity's heartbeat entry (restart in place releases
+        what a previous incarnation held) and watch the others (survivor takeover)."""
+        if self.liveness is not None or self._liveness_refused:
+            return
+        live: WorkerLiveness | None = None
+        try:
+            kv = await ensure_worker_bucket(self.js, self.names, replicas=self.replicas)
+            live = WorkerLiveness(
+                self.nc,
+                kv,
+                self.names,
+                self.leases,
+                worker_id=self.tuning.worker_id,
+                liveness_seconds=self.tuning.liveness_seconds,
+                lease_seconds=self.tuning.lease_seconds,
+            )
+            await live.start()
+        except (TimeoutError, nats.errors.Error, nats.js.errors.Error) as exc:
+            # A user whose permissions predate the worker bucket (docs/security-transport.md):
+            # serve on, recovering dead workers' deliveries by the lease only.
+            self._liveness_refused = True
+            if live is not None:
+                await live.close()  # whatever it started (its beats) stops
+            log.error(
+                "worker bucket %s unusable (%s): this worker runs without liveness; a dead "
+                "worker's deliveries come back after TREADLE_QUEUE_LEASE_SECONDS, not at once "
+                "(grant the worker bucket's subjects: docs/security-transport.md)",
+                self.names.worker_bucket,
+                exc,
+            )
+            return
+        self.liveness = live
+
+    async def forget(self, consumer: NatsConsumer) -> None:
+        """A consumer closed; after the last one this process is no longer a worker."""
         if consumer in self.consumers:
             self.consumers.remove(consumer)
+        if not self.consumers and self.liveness is not None:
+            live, self.liveness = self.liveness, None
+            await live.close()
 
     async def close(self) -> None:
         """Close every consumer (running deliveries are cut off and redelivered), then the
         connection."""
         for consumer in list(self.consumers):
             await consumer.close(grace_seconds=0)
+        if self.liveness is not None:
+            live, self.liveness = self.liveness, None
+            await live.close()
         if not self.nc.is_closed:
             try:
                 await self.nc.flush()
