@@ -216,13 +216,13 @@ class RunAhead:
         if not self._may_speculate():
             await self._behind_speculation()
             return asyncio.current_task() in self._orphans
+        if self._open is not None and len(self._open.events) >= MAX_SPECULATIVE_BATCH_EVENTS:
+            self._seal()  # full: it goes out as it is
+            self.kick()
         group = self._group()
         group.events.append(self.session.speculate(event, group.at))
         group.outcomes += 1
         self._unconfirmed_outcomes += 1
-        if len(group.events) >= MAX_SPECULATIVE_BATCH_EVENTS:
-            self._seal()
-            self.kick()
         return True
 
     async def create(self, suspended: engine.Suspended, slots: int) -> bool:
@@ -279,9 +279,10 @@ class RunAhead:
     def kick(self) -> None:
         """Send the open group: now, or as soon as the write in flight committed (what
         joined it meanwhile goes in the same write)."""
-        if self._open is None:
+        if self._open is not None:
+            self._kicked = True
+        elif not self._queue:
             return
-        self._kicked = True
         if self._pump is None or self._pump.done():
             self._pump = asyncio.get_running_loop().create_task(
                 self._send_queued(), name=f"treadle-run-ahead-{self.run_id}"
