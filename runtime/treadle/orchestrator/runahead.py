@@ -147,6 +147,7 @@ class RunAhead:
         self.restarts = 0
         self.repair = False
         self.stop: str | None = None
+        self._hazard = False  # the stop found another writer's path-changing event
         self.failure: BaseException | None = None
         self._open: _Group | None = None
         self._queue: list[_Group] = []
@@ -362,7 +363,10 @@ class RunAhead:
         for below in report:
             hazard = run_ahead_hazard(below.event, inline_steps=self.inline.ran)
             if hazard is not None:
-                self._stop(f"hazard below a speculative write at slot {below.slot}: {hazard}")
+                self._stop(
+                    f"hazard below a speculative write at slot {below.slot}: {hazard}",
+                    hazard=True,
+                )
             else:
                 self.repair = True
             clean = False
@@ -422,10 +426,11 @@ class RunAhead:
         if step_id in self.inline.ran:
             STATS.bodies_at_risk += 1
 
-    def _stop(self, reason: str) -> None:
+    def _stop(self, reason: str, *, hazard: bool = False) -> None:
         if self.stop is None:
             self.stop = reason
             STATS.stops += 1
+        self._hazard = self._hazard or hazard
 
     # -- the delivery's side: draining, repairing, restarting --------------------------
 
@@ -470,12 +475,21 @@ class RunAhead:
 
     async def _restart(self) -> None:
         reason, self.stop = self.stop, None
-        log.error(
-            "run %s: run-ahead stopped (%s); restarting the delivery in place",
-            self.run_id,
-            reason,
-            extra={"run_id": self.run_id, "possible_log_corruption": True},
-        )
+        if self._hazard:
+            # Detected after the fact: decisions made without the event may have committed
+            # with it (seed 003 "Recovering from a run-ahead stop").
+            log.error(
+                "run %s: run-ahead stopped (%s); restarting the delivery in place",
+                self.run_id,
+                reason,
+                extra={"run_id": self.run_id, "possible_log_corruption": True},
+            )
+        else:
+            log.warning(
+                "run %s: run-ahead stopped (%s); restarting the delivery in place",
+                self.run_id,
+                reason,
+            )
         await self.session.send_owed()
         at_risk = [s for s in self._refused_starts if s in self.inline.ran]
         STATS.most_at_risk_in_a_stop = max(STATS.most_at_risk_in_a_stop, len(at_risk))
