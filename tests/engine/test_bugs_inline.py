@@ -413,8 +413,9 @@ async def test_an_open_inline_step_with_no_slot_anywhere_moves_to_its_message(
     """Bug 4 (audit section 5), the handoff loop: a worker with WORKFLOW_MAX_INLINE_STEPS=0
     takes over a run whose inline step a refused delivery left started. No body runs there
     and no slot can free up, so instead of handing off for ever (2 527 handoffs in 3 s
-    before the fix) its retry moves to the step's own message, which runs it once."""
-    first = make_app(world=faulty, WORKFLOW_MAX_INLINE_STEPS=1)
+    before the fix) its retry moves to the step's own message, which runs it once.
+    Run-ahead off: the refusal is armed on a write that starts with the outcome."""
+    first = make_app(world=faulty, WORKFLOW_MAX_INLINE_STEPS=1, WORKFLOW_RUN_AHEAD_DEPTH=0)
     attempts: list[tuple[int, str]] = []
     refused = asyncio.Event()
 

@@ -25,8 +25,10 @@ async def test_refusal_while_bodies_run_stops_every_later_write(
 ) -> None:
     """A3: two inline bodies run; the first outcome's write is refused. The other body settles,
     its write is refused too, nothing more reaches the World, the answer is Redeliver(1);
-    the redelivery runs both open steps again and the run completes."""
-    app = make_app(world=faulty)
+    the redelivery runs both open steps again and the run completes. Run-ahead off: its
+    refusal is armed on a write of one outcome (tests/engine/test_run_ahead.py has the
+    run-ahead case)."""
+    app = make_app(world=faulty, WORKFLOW_RUN_AHEAD_DEPTH=0)
     ran: Counter[str] = Counter()
     second_may_finish = asyncio.Event()
 

@@ -431,3 +431,36 @@ async def test_a_max_retries_0_body_never_starts_ahead_of_its_start(
     assert seen == [True, True, True]
     assert _delta(before).get("groups", 0) >= 1, "the run ran ahead"
     _each_outcome_follows_its_start(await run.events())
+
+
+async def test_a_full_group_goes_out_on_its_own_and_the_next_opens(
+    make_app: MakeApp, faulty: FaultyWorld
+) -> None:
+    """A speculative group holds at most 16 events (seed 003): sixteen inline siblings
+    run ahead at depth 16 fill groups that go out as they fill, and the run completes,
+    no write longer than 16 events."""
+    app = make_app(world=faulty, WORKFLOW_RUN_AHEAD_DEPTH=16, WORKFLOW_MAX_INLINE_STEPS=16)
+
+    @app.step
+    async def one(n: int) -> int:
+        return n
+
+    @app.workflow
+    async def wide() -> int:
+        first = await one(0)
+        return first + sum(await asyncio.gather(*(one(n) for n in range(16)))) + await one(1)
+
+    sizes: list[int] = []
+    inner = faulty.events.create_batch
+
+    async def recorded(run_id: str, batch: Any, **kw: Any) -> records.BatchResult:
+        sizes.append(len(batch))
+        return await inner(run_id, batch, **kw)
+
+    faulty.events.create_batch = recorded  # type: ignore[method-assign]
+    before = _stats()
+    run = await app.start(wide)
+    assert await run.result(timeout=30) == sum(range(16)) + 1
+    assert sizes and max(sizes) <= runahead.MAX_SPECULATIVE_BATCH_EVENTS, sizes
+    assert _delta(before).get("groups", 0) >= 2
+    _each_outcome_follows_its_start(await run.events())

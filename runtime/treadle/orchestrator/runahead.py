@@ -147,6 +147,7 @@ class RunAhead:
         self.restarts = 0
         self.repair = False
         self.stop: str | None = None
+        self._hazard = False  # the stop found another writer's path-changing event
         self.failure: BaseException | None = None
         self._open: _Group | None = None
         self._queue: list[_Group] = []
@@ -216,13 +217,13 @@ class RunAhead:
         if not self._may_speculate():
             await self._behind_speculation()
             return asyncio.current_task() in self._orphans
+        if self._open is not None and len(self._open.events) >= MAX_SPECULATIVE_BATCH_EVENTS:
+            self._seal()  # full: it goes out as it is
+            self.kick()
         group = self._group()
         group.events.append(self.session.speculate(event, group.at))
         group.outcomes += 1
         self._unconfirmed_outcomes += 1
-        if len(group.events) >= MAX_SPECULATIVE_BATCH_EVENTS:
-            self._seal()
-            self.kick()
         return True
 
     async def create(self, suspended: engine.Suspended, slots: int) -> bool:
@@ -279,9 +280,10 @@ class RunAhead:
     def kick(self) -> None:
         """Send the open group: now, or as soon as the write in flight committed (what
         joined it meanwhile goes in the same write)."""
-        if self._open is None:
+        if self._open is not None:
+            self._kicked = True
+        elif not self._queue:
             return
-        self._kicked = True
         if self._pump is None or self._pump.done():
             self._pump = asyncio.get_running_loop().create_task(
                 self._send_queued(), name=f"treadle-run-ahead-{self.run_id}"
@@ -361,7 +363,10 @@ class RunAhead:
         for below in report:
             hazard = run_ahead_hazard(below.event, inline_steps=self.inline.ran)
             if hazard is not None:
-                self._stop(f"hazard below a speculative write at slot {below.slot}: {hazard}")
+                self._stop(
+                    f"hazard below a speculative write at slot {below.slot}: {hazard}",
+                    hazard=True,
+                )
             else:
                 self.repair = True
             clean = False
@@ -421,10 +426,11 @@ class RunAhead:
         if step_id in self.inline.ran:
             STATS.bodies_at_risk += 1
 
-    def _stop(self, reason: str) -> None:
+    def _stop(self, reason: str, *, hazard: bool = False) -> None:
         if self.stop is None:
             self.stop = reason
             STATS.stops += 1
+        self._hazard = self._hazard or hazard
 
     # -- the delivery's side: draining, repairing, restarting --------------------------
 
@@ -469,12 +475,21 @@ class RunAhead:
 
     async def _restart(self) -> None:
         reason, self.stop = self.stop, None
-        log.error(
-            "run %s: run-ahead stopped (%s); restarting the delivery in place",
-            self.run_id,
-            reason,
-            extra={"run_id": self.run_id, "possible_log_corruption": True},
-        )
+        if self._hazard:
+            # Detected after the fact: decisions made without the event may have committed
+            # with it (seed 003 "Recovering from a run-ahead stop").
+            log.error(
+                "run %s: run-ahead stopped (%s); restarting the delivery in place",
+                self.run_id,
+                reason,
+                extra={"run_id": self.run_id, "possible_log_corruption": True},
+            )
+        else:
+            log.warning(
+                "run %s: run-ahead stopped (%s); restarting the delivery in place",
+                self.run_id,
+                reason,
+            )
         await self.session.send_owed()
         at_risk = [s for s in self._refused_starts if s in self.inline.ran]
         STATS.most_at_risk_in_a_stop = max(STATS.most_at_risk_in_a_stop, len(at_risk))
