@@ -216,6 +216,12 @@ class Settings(BaseSettings):
         "one round trip); 0 turns them off for a pooler that cannot hold them (PgBouncer in "
         "transaction mode without max_prepared_statements), at a second round trip a call.",
     )
+    TREADLE_DATABASE_GROUP_WRITES: bool = Field(
+        default=True,
+        description="The postgres World writes the out-of-band writes of one run that queue "
+        "behind one in flight (a fan-out's step starts and outcomes) in one statement; "
+        "false: each alone, queueing on the run's row.",
+    )
     TREADLE_WORKER_METRICS_PORT: int | None = Field(
         default=None,
         ge=0,

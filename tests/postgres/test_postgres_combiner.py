@@ -331,3 +331,19 @@ async def test_a_write_cancelled_while_it_queues_is_never_sent(
     page = await storage.events.list(run_id)
     started = [e.event.correlation_id for e in page.events if e.type == "step_started"]
     assert started == ["s0", "s2"]
+
+
+async def test_group_writes_off_writes_each_alone(pg_dsn: str, listen: Notifications) -> None:
+    """TREADLE_DATABASE_GROUP_WRITES=false: concurrent writes queue on the row, one
+    transaction (one notification) each."""
+    async with await PostgresStorage.connect(pg_dsn, pool_size=4, group_writes=False) as storage:
+        run_id = await _run_with_steps(storage)
+        await listen.until(f"{run_id}:{STEPS + 1}")
+        starts: list[events.Event] = [
+            events.StepStarted(correlation_id=f"s{i}", step_name="f", attempt=1) for i in range(8)
+        ]
+        heard = await _heard_for(
+            listen, storage, run_id, lambda: _concurrently(storage, run_id, starts)
+        )
+        assert sorted(heard) == sorted(f"{run_id}:{STEPS + 2 + i}" for i in range(8))
+        assert storage.events.combiner.groups == 0  # type: ignore[attr-defined]
