@@ -234,7 +234,9 @@ class PostgresEvents:
         return await self._write(run_id, event, params, idempotency_key)
 
     async def _create_alone(self, run_id: str, event: events.Event) -> records.EventResult:
-        return await self._write(run_id, event, append.WriteParams(in_band=False), None)
+        # The combiner's lone write: others queue behind it, so it does not wait its turn.
+        params = append.WriteParams(in_band=False)
+        return await self._write(run_id, event, params, None, first=True)
 
     async def _write(
         self,
@@ -242,9 +244,13 @@ class PostgresEvents:
         event: events.Event,
         params: append.WriteParams,
         idempotency_key: str | None,
+        *,
+        first: bool = False,
     ) -> records.EventResult:
         with self._feed.writing(run_id):
-            result = await append.create(self._db, run_id, event, params, idempotency_key)
+            result = await append.create(
+                self._db, run_id, event, params, idempotency_key, first=first
+            )
             if result.allocated:
                 self._feed.publish(run_id, [result.event])
         return result
