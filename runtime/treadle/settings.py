@@ -217,10 +217,10 @@ class Settings(BaseSettings):
         "transaction mode without max_prepared_statements), at a second round trip a call.",
     )
     TREADLE_DATABASE_GROUP_WRITES: bool = Field(
-        default=True,
-        description="The postgres World writes the out-of-band writes of one run that queue "
-        "behind one in flight (a fan-out's step starts and outcomes) in one statement; "
-        "false: each alone, queueing on the run's row.",
+        default=False,
+        description="true: the postgres World writes the out-of-band writes of one run that "
+        "queue behind one in flight (a fan-out's step starts and outcomes) in one statement; "
+        "false (default until its end-to-end fan-out cost is understood): each alone.",
     )
     TREADLE_WORKER_METRICS_PORT: int | None = Field(
         default=None,

@@ -27,7 +27,7 @@ Answer = records.EventResult | BaseException
 
 @pytest.fixture
 async def storage(pg_dsn: str) -> AsyncIterator[PostgresStorage]:
-    opened = await PostgresStorage.connect(pg_dsn, pool_size=4)
+    opened = await PostgresStorage.connect(pg_dsn, pool_size=4, group_writes=True)
     try:
         yield opened
     finally:
@@ -285,7 +285,7 @@ async def test_the_feed_delivers_every_event_of_a_grouped_append_to_another_worl
     """A subscriber in another World instance hears one notification for a group and
     still receives each of its events, in slot order."""
     run_id = await _run_with_steps(storage)
-    async with await PostgresStorage.connect(pg_dsn, pool_size=2) as other:
+    async with await PostgresStorage.connect(pg_dsn, pool_size=2, group_writes=True) as other:
         received: asyncio.Queue[events.LoggedEvent] = asyncio.Queue()
         sub = other.events.subscribe(run_id, STEPS + 1, received.put_nowait, print)
         try:

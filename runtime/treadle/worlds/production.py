@@ -58,7 +58,7 @@ class PostgresNatsWorld:
         statement_timeout_ms: int | None = None,
         transport: Transport | None = None,
         statement_cache_size: int | None = None,
-        group_writes: bool = True,
+        group_writes: bool = False,
     ) -> PostgresNatsWorld:
         """Open both halves; ``transport`` carries credentials and TLS (default: none beyond
         the URLs). A server refusing them is ``WorldAuthFailed``, raised at once."""

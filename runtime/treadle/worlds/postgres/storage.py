@@ -206,7 +206,7 @@ class PostgresRuns:
 
 
 class PostgresEvents:
-    def __init__(self, db: Database, feed: Feed, *, group_writes: bool = True) -> None:
+    def __init__(self, db: Database, feed: Feed, *, group_writes: bool = False) -> None:
         self._db = db
         self._feed = feed
         # Out-of-band writes of one run that queue behind another go as one (combiner).
@@ -417,7 +417,7 @@ def _deployment(row: Any) -> records.DeploymentRecord:
 class PostgresStorage:
     """The storage half of the Postgres World: ``runs``, ``events``, ``steps``, ``hooks``."""
 
-    def __init__(self, db: Database, *, group_writes: bool = True) -> None:
+    def __init__(self, db: Database, *, group_writes: bool = False) -> None:
         self._db = db
         self.feed = Feed(db.dsn, self._list_page)
         self.changes: contract.Changes = self.feed
@@ -437,7 +437,7 @@ class PostgresStorage:
         check_schema: bool = True,
         statement_timeout_ms: int = STATEMENT_TIMEOUT_MS,
         statement_cache_size: int = STATEMENT_CACHE_SIZE,
-        group_writes: bool = True,
+        group_writes: bool = False,
     ) -> PostgresStorage:
         """Open a pool on ``dsn``; with ``check_schema``, refuse a database not at this
         treadle's schema version (``IncompatibleStorage``: run ``treadle migrate``).
