@@ -64,9 +64,9 @@ async def _xid(conn: asyncpg.Connection) -> int:
 
 
 async def _fanout(
-    dsn: str, width: int, heard: Heard, admin: asyncpg.Connection, handler: bool
+    dsn: str, width: int, heard: Heard, admin: asyncpg.Connection, handler: bool, **options: Any
 ) -> dict[str, Any]:
-    async with await PostgresStorage.connect(dsn, pool_size=10) as storage:
+    async with await PostgresStorage.connect(dsn, pool_size=10, **options) as storage:
         run = await storage.runs.create(
             workflow_name="bench", input=None, deployment_id="d", spec_version=9
         )
@@ -206,12 +206,21 @@ async def _measure(dsn: str, repeats: int, count: int) -> None:
             f"Run.result over a 2.5 s wait on a 500-event run: {statements} statements, "
             f"{read} events read"
         )
-        for width, handler in ((100, False), (1000, False), (100, True), (1000, True)):
-            rows = [await _fanout(dsn, width, heard, admin, handler) for _ in range(repeats)]
+        groups = "group_writes" in inspect.signature(PostgresStorage.connect).parameters
+        for width, handler, grouped in (
+            (w, h, g) for h in (False, True) for w in (100, 1000) for g in (False, True)
+        ):
+            if grouped and not groups:
+                continue
+            options = {"group_writes": grouped} if groups else {}
+            rows = [
+                await _fanout(dsn, width, heard, admin, handler, **options) for _ in range(repeats)
+            ]
             ms = [r["ms"] for r in rows]
+            mode = f", group_writes={grouped}" if groups else ""
             print(
-                f"fan-out {width}{', 32 at a time, each reading the log first' if handler else ''}"
-                f": {2 * width} out-of-band writes in "
+                f"fan-out {width}{', each reading the log first' if handler else ''}{mode}"
+                f": {2 * width} out-of-band writes, 32 at a time, in "
                 f"{statistics.median(ms):,.0f} ms median ({', '.join(f'{m:,.0f}' for m in ms)}); "
                 f"write transactions {[r['transactions'] for r in rows]}, "
                 f"NOTIFYs {[r['notifies'] for r in rows]}"
