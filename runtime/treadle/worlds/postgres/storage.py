@@ -6,8 +6,8 @@ otherwise) and offers ``runs``, ``events``, ``steps`` and ``hooks`` as the World
 contract has them (``treadle.world.contract``). Every call is one statement:
 writes call the append functions of ``migrations/0001_init.sql`` (see
 ``append``), reads are single queries, so a page's snapshot and its events come
-from one consistent state. Out-of-band writes of one run that queue behind one
-in flight share a statement (``combiner``).
+from one consistent state. With ``group_writes``, out-of-band writes of one run
+that queue behind one in flight share a statement (``combiner``).
 """
 
 from __future__ import annotations
