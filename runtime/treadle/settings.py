@@ -181,7 +181,7 @@ class Settings(BaseSettings):
         description="A worker whose heartbeat (one write a second) is older than this is taken "
         "for dead: a survivor redelivers what it held at once, without waiting out "
         "TREADLE_QUEUE_LEASE_SECONDS; a worker that cannot write its own heartbeat this long "
-        "treats what it holds as lost.",
+        "(a step body blocking its event loop, too) treats what it holds as lost.",
     )
     TREADLE_DATABASE_URL: SecretStr | None = Field(
         default=None, description="PostgreSQL DSN of the postgres World (never logged)."
