@@ -145,7 +145,11 @@ class NatsConsumer:
             return _quietly(msg.nak())  # taken as the consumer closed: straight back
         live = self._queue.liveness
         if live is not None and not live.fresh():
-            return _quietly(msg.nak())  # this worker's liveness lapsed: it takes nothing
+            # This worker's liveness lapsed: it takes nothing until a beat gets through.
+            # Back after a beat, not at once: every worker may be lapsed (NATS was down),
+            # and an immediate nak would spin the message through them all, each time
+            # counted as a delivery.
+            return _quietly(msg.nak(delay=live.beat_seconds))
         try:
             d = delivery.read_delivery(
                 msg, self._queue.names, max_carried=self._queue.tuning.max_failed_deliveries
