@@ -187,7 +187,7 @@ class Settings(BaseSettings):
         description="A worker whose heartbeat (one write a second) is older than this is taken "
         "for dead: a survivor redelivers what it held at once, without waiting out "
         "TREADLE_QUEUE_LEASE_SECONDS; a worker that cannot write its own heartbeat this long "
-        "treats what it holds as lost.",
+        "(a step body blocking its event loop, too) treats what it holds as lost.",
     )
     TREADLE_DATABASE_URL: SecretStr | None = Field(
         default=None, description="PostgreSQL DSN of the postgres World (never logged)."
@@ -239,6 +239,12 @@ class Settings(BaseSettings):
         description="Prepared statements the postgres World keeps per connection (each call "
         "one round trip); 0 turns them off for a pooler that cannot hold them (PgBouncer in "
         "transaction mode without max_prepared_statements), at a second round trip a call.",
+    )
+    TREADLE_DATABASE_GROUP_WRITES: bool = Field(
+        default=False,
+        description="true: the postgres World writes the out-of-band writes of one run that "
+        "queue behind one in flight (a fan-out's step starts and outcomes) in one statement; "
+        "false (default until its end-to-end fan-out cost is understood): each alone.",
     )
     TREADLE_WORKER_METRICS_PORT: int | None = Field(
         default=None,

@@ -63,8 +63,10 @@ async def _xid(conn: asyncpg.Connection) -> int:
     return int(await conn.fetchval("SELECT txid_current()"))
 
 
-async def _fanout(dsn: str, width: int, heard: Heard, admin: asyncpg.Connection) -> dict[str, Any]:
-    async with await PostgresStorage.connect(dsn, pool_size=10) as storage:
+async def _fanout(
+    dsn: str, width: int, heard: Heard, admin: asyncpg.Connection, handler: bool, **options: Any
+) -> dict[str, Any]:
+    async with await PostgresStorage.connect(dsn, pool_size=10, **options) as storage:
         run = await storage.runs.create(
             workflow_name="bench", input=None, deployment_id="d", spec_version=9
         )
@@ -75,7 +77,20 @@ async def _fanout(dsn: str, width: int, heard: Heard, admin: asyncpg.Connection)
         await heard.until(f"{run.run_id}:{seq}")
         mark = len(heard.payloads)
 
+        slots = asyncio.Semaphore(32)  # a worker's step messages in flight
+
         async def step(i: int) -> None:
+            async with slots:
+                if handler:  # as the background step handler: read the log first
+                    after = 0
+                    while True:
+                        page = await storage.events.list(run.run_id, after_slot=after)
+                        if not page.has_more:
+                            break
+                        after = page.cursor
+                await write(i)
+
+        async def write(i: int) -> None:
             cid = f"s{i}"
             start = events.StepStarted(correlation_id=cid, step_name="f", attempt=1)
             await storage.events.create(run.run_id, start, in_band=False)
@@ -191,11 +206,21 @@ async def _measure(dsn: str, repeats: int, count: int) -> None:
             f"Run.result over a 2.5 s wait on a 500-event run: {statements} statements, "
             f"{read} events read"
         )
-        for width in (100, 1000):
-            rows = [await _fanout(dsn, width, heard, admin) for _ in range(repeats)]
+        groups = "group_writes" in inspect.signature(PostgresStorage.connect).parameters
+        for width, handler, grouped in (
+            (w, h, g) for h in (False, True) for w in (100, 1000) for g in (False, True)
+        ):
+            if grouped and not groups:
+                continue
+            options = {"group_writes": grouped} if groups else {}
+            rows = [
+                await _fanout(dsn, width, heard, admin, handler, **options) for _ in range(repeats)
+            ]
             ms = [r["ms"] for r in rows]
+            mode = f", group_writes={grouped}" if groups else ""
             print(
-                f"fan-out {width}: {2 * width} out-of-band writes in "
+                f"fan-out {width}{', each reading the log first' if handler else ''}{mode}"
+                f": {2 * width} out-of-band writes, 32 at a time, in "
                 f"{statistics.median(ms):,.0f} ms median ({', '.join(f'{m:,.0f}' for m in ms)}); "
                 f"write transactions {[r['transactions'] for r in rows]}, "
                 f"NOTIFYs {[r['notifies'] for r in rows]}"

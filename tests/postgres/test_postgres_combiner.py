@@ -27,7 +27,7 @@ Answer = records.EventResult | BaseException
 
 @pytest.fixture
 async def storage(pg_dsn: str) -> AsyncIterator[PostgresStorage]:
-    opened = await PostgresStorage.connect(pg_dsn, pool_size=4)
+    opened = await PostgresStorage.connect(pg_dsn, pool_size=4, group_writes=True)
     try:
         yield opened
     finally:
@@ -285,7 +285,7 @@ async def test_the_feed_delivers_every_event_of_a_grouped_append_to_another_worl
     """A subscriber in another World instance hears one notification for a group and
     still receives each of its events, in slot order."""
     run_id = await _run_with_steps(storage)
-    async with await PostgresStorage.connect(pg_dsn, pool_size=2) as other:
+    async with await PostgresStorage.connect(pg_dsn, pool_size=2, group_writes=True) as other:
         received: asyncio.Queue[events.LoggedEvent] = asyncio.Queue()
         sub = other.events.subscribe(run_id, STEPS + 1, received.put_nowait, print)
         try:
@@ -331,3 +331,19 @@ async def test_a_write_cancelled_while_it_queues_is_never_sent(
     page = await storage.events.list(run_id)
     started = [e.event.correlation_id for e in page.events if e.type == "step_started"]
     assert started == ["s0", "s2"]
+
+
+async def test_group_writes_off_writes_each_alone(pg_dsn: str, listen: Notifications) -> None:
+    """TREADLE_DATABASE_GROUP_WRITES=false: concurrent writes queue on the row, one
+    transaction (one notification) each."""
+    async with await PostgresStorage.connect(pg_dsn, pool_size=4, group_writes=False) as storage:
+        run_id = await _run_with_steps(storage)
+        await listen.until(f"{run_id}:{STEPS + 1}")
+        starts: list[events.Event] = [
+            events.StepStarted(correlation_id=f"s{i}", step_name="f", attempt=1) for i in range(8)
+        ]
+        heard = await _heard_for(
+            listen, storage, run_id, lambda: _concurrently(storage, run_id, starts)
+        )
+        assert sorted(heard) == sorted(f"{run_id}:{STEPS + 2 + i}" for i in range(8))
+        assert storage.events.combiner.groups == 0  # type: ignore[attr-defined]

@@ -49,17 +49,21 @@ class PostgresStorageWorld:
 class PostgresHarness(WorldHarness):
     """Opens a PostgresStorage on one database, so a reopen sees what the last one stored."""
 
-    def __init__(self, dsn: str) -> None:
+    def __init__(self, dsn: str, *, group_writes: bool = False) -> None:
         self.dsn = dsn
+        self.group_writes = group_writes
 
     async def open(self, tuning: contract.QueueTuning | None = None) -> contract.World:
-        storage = await PostgresStorage.connect(self.dsn, pool_size=4)
+        storage = await PostgresStorage.connect(
+            self.dsn, pool_size=4, group_writes=self.group_writes
+        )
         return cast(contract.World, PostgresStorageWorld(storage))
 
 
-@pytest.fixture
-def harness(pg_dsn: str) -> PostgresHarness:
-    return PostgresHarness(pg_dsn)
+@pytest.fixture(params=[False, True], ids=["alone", "grouped"])
+def harness(pg_dsn: str, request: pytest.FixtureRequest) -> PostgresHarness:
+    """Each suite twice: out-of-band writes alone, and through the write combiner."""
+    return PostgresHarness(pg_dsn, group_writes=request.param)
 
 
 class TestPostgresStorage(storage.StorageConformance):

@@ -3,6 +3,9 @@ statements are prepared once per connection and kept; 0 turns them off (a pooler
 
 from __future__ import annotations
 
+import asyncio
+
+import asyncpg
 import pytest
 
 from treadle import errors
@@ -49,3 +52,34 @@ async def test_statements_are_prepared_once_per_connection_or_never(
 async def test_a_negative_cache_size_is_refused(pg_dsn: str) -> None:
     with pytest.raises(errors.WorldContractError, match="statement_cache_size"):
         await Database.connect(pg_dsn, statement_cache_size=-1)
+
+
+async def test_fetch_first_goes_ahead_of_the_calls_waiting_for_a_connection(
+    pg_dsn: str,
+) -> None:
+    """A pool of one held by a call blocked on an advisory lock: of two calls waiting for
+    it, the ``fetch_first`` one (the write combiner's) runs first."""
+    db = await Database.connect(pg_dsn, pool_size=1)
+    admin = await asyncpg.connect(pg_dsn)
+    order: list[str] = []
+
+    async def call(name: str, first: bool) -> None:
+        await (db.fetch_first if first else db.fetch)("SELECT $1::text", name)
+        order.append(name)
+
+    try:
+        await admin.execute("SELECT pg_advisory_lock(7)")
+        held = asyncio.ensure_future(db.fetch("SELECT pg_advisory_lock(7)"))
+        waiting = [asyncio.ensure_future(call("read", False))]
+        waiting.append(asyncio.ensure_future(call("write", True)))
+        for _ in range(400):
+            if len(db._waiters) == 2:
+                break
+            await asyncio.sleep(0.01)
+        assert len(db._waiters) == 2
+        await admin.execute("SELECT pg_advisory_unlock(7)")
+        await asyncio.wait_for(asyncio.gather(held, *waiting), 10)
+        assert order == ["write", "read"]
+    finally:
+        await admin.close()
+        await db.close()

@@ -64,6 +64,7 @@ async def open_world(
             statement_timeout_ms=config.TREADLE_DATABASE_STATEMENT_TIMEOUT_MS,
             transport=Transport.from_settings(config),
             statement_cache_size=config.TREADLE_DATABASE_STATEMENT_CACHE_SIZE,
+            group_writes=config.TREADLE_DATABASE_GROUP_WRITES,
         )
     from treadle.redaction import looks_secret, shown
 

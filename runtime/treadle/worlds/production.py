@@ -58,6 +58,7 @@ class PostgresNatsWorld:
         statement_timeout_ms: int | None = None,
         transport: Transport | None = None,
         statement_cache_size: int | None = None,
+        group_writes: bool = False,
     ) -> PostgresNatsWorld:
         """Open both halves; ``transport`` carries credentials and TLS (default: none beyond
         the URLs). A server refusing them is ``WorldAuthFailed``, raised at once."""
@@ -77,6 +78,7 @@ class PostgresNatsWorld:
                 check_schema=check_schema,
                 statement_timeout_ms=statement_timeout_ms,
                 statement_cache_size=statement_cache_size,
+                group_writes=group_writes,
             )
         except OSError as exc:
             refusal = postgres_refusal(

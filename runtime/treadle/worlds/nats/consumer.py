@@ -24,7 +24,10 @@ sets its ``lease_lost`` (the handler's ``DeliveryMeta.lease_lost``: the
 handler stops at once), its answer is dropped, and the message is left to
 JetStream's redelivery. The clock is read
 again right before each ack, with no await between the check and the ack, so
-a delivery that lapsed while it settled never acks the redelivered copy. Two
+a delivery that lapsed while it settled never acks the redelivered copy. The
+worker's liveness (``liveness.WorkerLiveness``) lists every delivery in its
+heartbeat entry; once that liveness lapses every delivery's ``lease_lost`` reads
+as set, and a message arriving meanwhile is nakked straight back. Two
 more guards keep a stalled event loop from showing a handler one message
 twice: a redelivery of a message this process is still working on (and
 holds by its own clock) is adopted by the running delivery, and a redelivery
@@ -142,7 +145,11 @@ class NatsConsumer:
             return _quietly(msg.nak())  # taken as the consumer closed: straight back
         live = self._queue.liveness
         if live is not None and not live.fresh():
-            return _quietly(msg.nak())  # this worker's liveness lapsed: it takes nothing
+            # This worker's liveness lapsed: it takes nothing until a beat gets through.
+            # Back after a beat, not at once: every worker may be lapsed (NATS was down),
+            # and an immediate nak would spin the message through them all, each time
+            # counted as a delivery.
+            return _quietly(msg.nak(delay=live.beat_seconds))
         try:
             d = delivery.read_delivery(
                 msg, self._queue.names, max_carried=self._queue.tuning.max_failed_deliveries

@@ -175,6 +175,7 @@ class WorkerLiveness:
         self.liveness_seconds = liveness_seconds
         self._lease_seconds = lease_seconds
         self._interval = liveness.beat_interval(liveness_seconds)
+        self.beat_seconds = self._interval
         self._incarnation = clock.token_hex(8)
         self._revision = 0
         # When the last beat that was written had been sent (monotonic).
@@ -188,6 +189,10 @@ class WorkerLiveness:
         self.released_at_start = 0
         self.taken_over = 0
         self._closed = False
+        # Deliveries given up while this worker's own beats failed (``_lose_all``), and
+        # when its last good beat before that was sent.
+        self._orphans: list[Held] = []
+        self._orphaned_at = 0.0
 
     # -- the worker's own entry -----------------------------------------------------------
 
@@ -278,6 +283,8 @@ class WorkerLiveness:
                         self.key, self._beat().encode(), last=self._revision
                     )
                 self._beat_sent = sent
+                if self._orphans:
+                    await self._release_orphans()
             except nats.js.errors.APIError as exc:
                 if not _is_conflict(exc):
                     log.warning("worker %s: heartbeat failed: %s", self.worker_id, exc)
@@ -288,7 +295,8 @@ class WorkerLiveness:
                 log.warning("worker %s: heartbeat failed: %s", self.worker_id, exc)
             if not self.fresh():
                 self._lose_all(
-                    f"its heartbeat could not be written for {self.liveness_seconds:g} s"
+                    f"its heartbeat could not be written for {self.liveness_seconds:g} s",
+                    orphaned=True,
                 )
 
     def _claimed_under_us(self) -> None:
@@ -299,8 +307,20 @@ class WorkerLiveness:
         )
         self._lose_all("its heartbeat entry was taken over")
 
-    def _lose_all(self, why: str) -> None:
-        """Every delivery held is lost: the handlers stop, nothing more is written."""
+    def _lose_all(self, why: str, *, orphaned: bool = False) -> None:
+        """Every delivery held is lost: the handlers stop, nothing more is written.
+
+        ``orphaned``: lost because this worker's own beats failed (NATS unreachable, a
+        stalled loop), not because its entry was claimed. If the next beat finds the
+        entry still its own, no survivor released them: this worker releases them itself
+        then (``_release_orphans``), so they come back at once, not at their lease."""
+        if orphaned:
+            self._orphans.extend(
+                Held(d.msg.reply, d.gate_key, d.token) for d in self._held.values() if d.msg.reply
+            )
+            self._orphaned_at = self._orphaned_at or self._beat_sent
+        else:
+            self._orphans.clear()  # the claimer releases them
         if not self._held:
             return
         log.warning(
@@ -312,6 +332,20 @@ class WorkerLiveness:
         for d in self._held.values():
             d.lease_lost.set()
         self._held.clear()
+
+    async def _release_orphans(self) -> None:
+        """The beat got through with this worker's own revision: nobody claimed its entry,
+        so nobody released what it lost meanwhile. Release it now."""
+        orphans, self._orphans = tuple(self._orphans), []
+        age = time.monotonic() - self._orphaned_at
+        self._orphaned_at = 0.0
+        log.warning(
+            "worker %s: its heartbeat is back and its entry still its own; releasing the %d "
+            "deliveries it gave up",
+            self.worker_id,
+            len(orphans),
+        )
+        await self._release(orphans, age)
 
     async def _retake(self) -> None:
         """After a claim: a new incarnation's entry, so new deliveries are covered."""

@@ -83,11 +83,13 @@ async def append(
     *,
     is_batch: bool,
     idempotency_key: str | None = None,
+    first: bool = False,
 ) -> Appended:
-    """Write ``batch`` (one event for ``events.create``) in one statement."""
+    """Write ``batch`` (one event for ``events.create``) in one statement; ``first``: ahead
+    of the calls waiting for a connection (``Database.fetch_first``)."""
     _check_times(batch, params)
     payload = [item.model_dump_json() for item in batch]
-    result = await db.fetch(
+    result = await (db.fetch_first if first else db.fetch)(
         APPEND_SQL,
         run_id,
         payload,
@@ -136,9 +138,11 @@ async def create(
     event: events.Event,
     params: WriteParams,
     idempotency_key: str | None,
+    *,
+    first: bool = False,
 ) -> records.EventResult:
     appended = await append(
-        db, run_id, [event], params, is_batch=False, idempotency_key=idempotency_key
+        db, run_id, [event], params, is_batch=False, idempotency_key=idempotency_key, first=first
     )
     if not appended.committed:  # a single write either commits, converges or raises
         raise errors.StorageUnavailable(f"run {run_id}: the append returned no event")
@@ -156,7 +160,7 @@ async def create_group(
     """Out-of-band ``events.create`` calls of one run in one statement, each answered as if
     written alone: its ``EventResult`` or its refusal. ``payload`` holds each event's JSON.
     Raises (for the whole group) when the statement fails."""
-    result = await db.fetch(GROUP_SQL, run_id, list(payload))
+    result = await db.fetch_first(GROUP_SQL, run_id, list(payload))
     answers: list[records.EventResult | errors.WorldError | None] = [None] * len(group)
     for row in result:
         index = row[1]

@@ -28,6 +28,10 @@ Only out-of-band writes without an idempotency key and of no run-level event
 (``groupable``); every other write goes alone, as before. Grouped events are
 offered to this World's feed subscriptions like any own write (``Feed.publish``).
 
+Off unless ``TREADLE_DATABASE_GROUP_WRITES`` (``PostgresStorage.connect(group_writes=
+True)``): on a loaded 2-core machine the benchmark's 1,000-branch fan-out ended later
+with it on, though every write-level measurement is faster (docs/plans/perf-pg.md).
+
 Called by ``storage.PostgresEvents``.
 """
 

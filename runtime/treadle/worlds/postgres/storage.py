@@ -6,8 +6,8 @@ otherwise) and offers ``runs``, ``events``, ``steps`` and ``hooks`` as the World
 contract has them (``treadle.world.contract``). Every call is one statement:
 writes call the append functions of ``migrations/0001_init.sql`` (see
 ``append``), reads are single queries, so a page's snapshot and its events come
-from one consistent state. Out-of-band writes of one run that queue behind one
-in flight share a statement (``combiner``).
+from one consistent state. With ``group_writes``, out-of-band writes of one run
+that queue behind one in flight share a statement (``combiner``).
 """
 
 from __future__ import annotations
@@ -218,11 +218,12 @@ class PostgresRuns:
 
 
 class PostgresEvents:
-    def __init__(self, db: Database, feed: Feed) -> None:
+    def __init__(self, db: Database, feed: Feed, *, group_writes: bool = False) -> None:
         self._db = db
         self._feed = feed
         # Out-of-band writes of one run that queue behind another go as one (combiner).
         self.combiner = combiner.Combiner(db, feed, self._create_alone)
+        self._group_writes = group_writes
 
     async def create(
         self,
@@ -237,13 +238,17 @@ class PostgresEvents:
     ) -> records.EventResult:
         if event.type == "run_repinned":  # run_created: refused by treadle_append
             storagerules.check_event_write(run_id, event)
-        if combiner.groupable(event, in_band=in_band, idempotency_key=idempotency_key):
+        if self._group_writes and combiner.groupable(
+            event, in_band=in_band, idempotency_key=idempotency_key
+        ):
             return await self.combiner.create(run_id, event)
         params = append.WriteParams(in_band, expected_seq_in_band, event_count, occurred_at)
         return await self._write(run_id, event, params, idempotency_key)
 
     async def _create_alone(self, run_id: str, event: events.Event) -> records.EventResult:
-        return await self._write(run_id, event, append.WriteParams(in_band=False), None)
+        # The combiner's lone write: others queue behind it, so it does not wait its turn.
+        params = append.WriteParams(in_band=False)
+        return await self._write(run_id, event, params, None, first=True)
 
     async def _write(
         self,
@@ -251,9 +256,13 @@ class PostgresEvents:
         event: events.Event,
         params: append.WriteParams,
         idempotency_key: str | None,
+        *,
+        first: bool = False,
     ) -> records.EventResult:
         with self._feed.writing(run_id):
-            result = await append.create(self._db, run_id, event, params, idempotency_key)
+            result = await append.create(
+                self._db, run_id, event, params, idempotency_key, first=first
+            )
             if result.allocated:
                 self._feed.publish(run_id, [result.event])
         return result
@@ -438,12 +447,12 @@ def _deployment(row: Any) -> records.DeploymentRecord:
 class PostgresStorage:
     """The storage half of the Postgres World: ``runs``, ``events``, ``steps``, ``hooks``."""
 
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, *, group_writes: bool = False) -> None:
         self._db = db
         self.feed = Feed(db.dsn, self._list_page)
         self.changes: contract.Changes = self.feed
         self.runs: contract.Runs = PostgresRuns(db, self.feed)
-        self.events: contract.Events = PostgresEvents(db, self.feed)
+        self.events: contract.Events = PostgresEvents(db, self.feed, group_writes=group_writes)
         self.steps: contract.Steps = PostgresSteps(db)
         self.hooks: contract.Hooks = PostgresHooks(db)
         self.deployments: contract.Deployments = PostgresDeployments(db)
@@ -458,11 +467,14 @@ class PostgresStorage:
         check_schema: bool = True,
         statement_timeout_ms: int = STATEMENT_TIMEOUT_MS,
         statement_cache_size: int = STATEMENT_CACHE_SIZE,
+        group_writes: bool = False,
     ) -> PostgresStorage:
         """Open a pool on ``dsn``; with ``check_schema``, refuse a database not at this
         treadle's schema version (``IncompatibleStorage``: run ``treadle migrate``).
         Every statement runs under ``statement_timeout_ms``; each connection keeps up to
-        ``statement_cache_size`` prepared statements, 0 none (``database``)."""
+        ``statement_cache_size`` prepared statements, 0 none (``database``). With
+        ``group_writes``, out-of-band writes of one run that queue behind one in flight
+        share a statement (``combiner``)."""
         db = await Database.connect(
             dsn,
             pool_size=pool_size,
@@ -475,7 +487,7 @@ class PostgresStorage:
             except BaseException:
                 await db.close()
                 raise
-        return cls(db)
+        return cls(db, group_writes=group_writes)
 
     @property
     def where(self) -> str:
