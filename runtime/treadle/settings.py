@@ -87,7 +87,26 @@ class Settings(BaseSettings):
     WORKFLOW_V2_TIMEOUT_MS: int = Field(
         default=300000, ge=1000, description="An orchestrator delivery's inline window."
     )
-    WORKFLOW_TURBO: bool = Field(default=True, description="First-delivery fast path.")
+    WORKFLOW_TURBO: bool = Field(
+        default=True,
+        description="First-delivery fast path: the start message's first delivery skips "
+        "the log load and sends run_started without waiting (0/false: load, await it).",
+    )
+    # Issue 15 item 2: optimistic starts (docs/turbo.md, orchestrator/turbo.py).
+    WORKFLOW_OPTIMISTIC_INLINE_START: bool = Field(
+        default=True,
+        description="Under turbo, an all-inline boundary's bodies (max_retries above 0) "
+        "start before their step_started commits, until the first hook or wait (0/false: "
+        "each waits for its start; the skipped load stays). 0 also wins over "
+        "WORKFLOW_OPTIMISTIC_BACKGROUND_START.",
+    )
+    WORKFLOW_OPTIMISTIC_BACKGROUND_START: bool = Field(
+        default=False,
+        description="Opt-in: a background step's plain first delivery (max_retries above "
+        "0) starts its body while its step_started is in flight; the outcome is written "
+        "only once the start committed. A refused start discards the outcome (the body "
+        "ran anyway: after a cancel, or twice under a throttled start).",
+    )
     WORKFLOW_WAIT_CONTINUATION_MAX_DELAY_SECONDS: float = Field(
         default=82800, gt=0, description="Longest timer hop; long sleeps go in hops."
     )

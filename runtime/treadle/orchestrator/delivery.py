@@ -32,6 +32,7 @@ from treadle.orchestrator import specrouting as by_spec
 from treadle.orchestrator.inline import InlineSteps, check_lease
 from treadle.orchestrator.runtime import Runtime
 from treadle.orchestrator.session import RunSession
+from treadle.orchestrator.turbo import OptimisticStarts
 from treadle.orchestrator.waits import WaitArmer, ms, now_ms
 from treadle.orchestrator.writer import LeaseLost, Superseded
 from treadle.replay import engine, operations
@@ -71,6 +72,7 @@ class OrchestratorDelivery:
         # every later write queues on the writer behind it.
         self._turbo = False
         self._run_started: asyncio.Future[events.LoggedEvent] | None = None
+        self.turbo = OptimisticStarts(self.settings, self.run_id)  # early inline bodies
 
     @property
     def replay(self) -> engine.Replay:
@@ -84,7 +86,7 @@ class OrchestratorDelivery:
         if self.meta.lease_lost is not None:
             watch = asyncio.get_running_loop().create_task(self._wake_on_lost_lease())
         try:
-            return await self._run()
+            return await self.turbo.deciding(self._run())
         except errors.RunExpired:
             await self.inline.settle(quiet=True)
             return messages.ACK  # the run ended under us (a cancel, say)
@@ -203,9 +205,11 @@ class OrchestratorDelivery:
         self.session.start_replay(workflow)
         if not state.started:
             if self._turbo:
-                # Queued on the writer ahead of every later write; not awaited here.
-                self._run_started = self.session.write_soon(events.RunStarted())
+                # Queued on the writer ahead of every later write; not awaited here. Its
+                # failure stops the writer: nothing queued behind it is written.
+                self._run_started = self.session.write_soon(events.RunStarted(), required=True)
                 self._run_started.add_done_callback(_retrieve)
+                self.turbo.engage(self._run_started)
             else:
                 await self.session.write(events.RunStarted())
         self.session.subscribe()
@@ -359,6 +363,7 @@ class OrchestratorDelivery:
         budget = self.settings.WORKFLOW_REPLAY_DIVERGENCE_MAX_RETRIES
         spent = divergence.over_budget(log, self.run_id, diverged, self._divergences, budget)
         await self.inline.settle()
+        self.turbo.end("a divergence recovery")
         if spent:
             await self.session.write_terminal(divergence.corrupted(self.run_id, diverged))
             return False
@@ -453,7 +458,9 @@ class OrchestratorDelivery:
     # -- creating what the workflow waits on -------------------------------------------
 
     async def _create(self, suspended: engine.Suspended) -> messages.HandlerResult | None:
-        await self._started()  # the replay ran while it was in flight; nothing is sent before
+        early = self.turbo.boundary(suspended, self.inline.slots(), self.session.state)
+        if not early:
+            await self._started()  # the replay ran while it was in flight; nothing sent before
         conflicts = await hookwrites.write_hooks(self.session, suspended)
         if conflicts:
             return await self._after_hook_conflict(conflicts)
@@ -478,10 +485,15 @@ class OrchestratorDelivery:
             await self.waits.arm_new_waits(waits)  # before wait_created commits
         starts = {call.correlation_id: call for call in inline}
         self.inline.creations_written.clear()  # outcomes queue behind the last batch
+        if early:
+            bodies, starts = self.turbo.split(starts)
+            for call in bodies:  # before their start commits (orchestrator.turbo)
+                self.inline.start_early(call, self.turbo.gate(call.correlation_id))
         try:
             for chunk in decisions.creation_batches(batch):
                 await self._write_creations(chunk, starts)
         finally:
+            self.turbo.close_batch()  # a start not committed: its early outcome is discarded
             self.inline.creations_written.set()
         return None
 
@@ -507,6 +519,7 @@ class OrchestratorDelivery:
         too (seeds 216, 232).
         """
         committed, refused = await self.session.write_batch(batch)
+        self.turbo.confirm(committed)
         sends = []
         for logged in committed:
             event = logged.event
