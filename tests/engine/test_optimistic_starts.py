@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from treadle import Hook, sleep
-from treadle.errors import RunCancelledError
+from treadle.errors import RunCancelledError, RunExpired
 from treadle.orchestrator import inline as inline_module
 from treadle.replay import operations
 from treadle.world import events, messages
@@ -306,10 +306,7 @@ async def test_a_run_cancelled_before_run_started_runs_the_body_and_writes_nothi
     body": the delivery read a pending record (turbo), then the run is cancelled while
     run_started is held. The early body runs once; run_started is refused (the run
     ended), which stops the writer: the start batch and the outcome are never written,
-    and the delivery acknowledges. The log is run_created, run_cancelled.
-
-    Seen to fail: ``required=True`` dropped from turbo's run_started (the writer keeps
-    going after the refusal and the delivery fails on a later write instead of Ack)."""
+    and the delivery acknowledges. The log is run_created, run_cancelled."""
     gate = hold_writes(faulty, _is_run_started)
     app = make_app(world=faulty)
     ran: Counter[str] = Counter()
@@ -336,6 +333,53 @@ async def test_a_run_cancelled_before_run_started_runs_the_body_and_writes_nothi
         await run.result(timeout=10)
     assert types(await assert_sound(run)) == ["run_created", "run_cancelled"]
     assert ran == Counter(work=1) and early == [("work", 1)]
+
+
+async def test_any_refusal_of_run_started_stops_every_write_queued_behind_it(
+    make_app: MakeApp, faulty: FaultyWorld, early: list[tuple[str, int]]
+) -> None:
+    """Seed 003 "If the backgrounded run_started fails for any reason, a definite refusal
+    included, the in-band writer stops": the World refuses turbo's run_started with a
+    business refusal (RunExpired) although the run is still pending, after the early
+    body ran. Neither the start batch nor the outcome is written (the log stays
+    run_created), and the refusal decides the delivery: acknowledged.
+
+    Seen to fail: turbo's run_started written without ``required=True``: the writer
+    keeps its count after a business refusal, and the start batch and the outcome are
+    written on a run that never started."""
+    app = make_app(world=faulty)
+    ran: Counter[str] = Counter()
+    inner = faulty.events.create
+    refused: list[str] = []
+
+    async def create(run_id: str, event: events.Event, **kw: Any) -> Any:
+        if event.type == "run_started" and not refused:
+            await asyncio.wait_for(entered.wait(), HOLD_BOUND_SECONDS)
+            refused.append(run_id)
+            raise RunExpired(run_id, status="cancelled", event_type=event.type)
+        return await inner(run_id, event, **kw)
+
+    faulty.events.create = create  # type: ignore[method-assign]
+    entered = asyncio.Event()
+
+    @app.step
+    async def work() -> str:
+        ran["work"] += 1
+        entered.set()
+        return "w"
+
+    @app.workflow
+    async def flow() -> str:
+        return await work()
+
+    run = await app.start(flow)
+    await faulty.queue.until(lambda: bool(faulty.queue.orchestrator_answers()))
+    (answer,) = faulty.queue.orchestrator_answers()
+    assert answer.error is None and answer.result == messages.ACK
+    assert refused == [run.run_id]
+    assert types(await run.events()) == ["run_created"]
+    assert ran == Counter(work=1) and early == [("work", 1)]
+    await run.cancel()
 
 
 async def test_a_fence_refused_run_started_reruns_the_early_body_once(
