@@ -485,11 +485,11 @@ class OrchestratorDelivery:
             await self.waits.arm_new_waits(waits)  # before wait_created commits
         starts = {call.correlation_id: call for call in inline}
         self.inline.creations_written.clear()  # outcomes queue behind the last batch
-        if early:
-            bodies, starts = self.turbo.split(starts)
-            for call in bodies:  # before their start commits (orchestrator.turbo)
-                self.inline.start_early(call, self.turbo.gate(call.correlation_id))
         try:
+            if early:
+                bodies, starts = self.turbo.split(starts)
+                for call in bodies:  # before their start commits (orchestrator.turbo)
+                    self.inline.start_early(call, self.turbo.gate(call.correlation_id))
             for chunk in decisions.creation_batches(batch):
                 await self._write_creations(chunk, starts)
         finally:

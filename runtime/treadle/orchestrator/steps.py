@@ -7,7 +7,10 @@ what happened into an outcome: completed, retry (with its delay) or failed.
 delivery, writes ``step_started`` out-of-band (a stale start, refused as
 ``StaleStepStart``, or a lease lost meanwhile, runs no body), runs the body,
 writes the outcome, wakes the orchestrator, and acknowledges, or asks for the
-same message again to retry in place.
+same message again to retry in place. Under the opt-in
+``WORKFLOW_OPTIMISTIC_BACKGROUND_START`` the body of a plain first delivery starts
+while its ``step_started`` is in flight, and its outcome is discarded unless that
+start committed (``orchestrator.turbo``).
 
 The log is the only source of truth for a step (security review H2): the
 message names a run and a step (ids and the step's name); the handler runs only
@@ -550,20 +553,17 @@ async def _start_and_run(
     body: asyncio.Task[Outcome] | None = None
     if turbo.optimistic_background_start(rt.settings, message, meta, attempt, max_retries):
         body = asyncio.get_running_loop().create_task(run_body())
-    refused = await _start_refused(rt, message, meta, start, max_retries)
-    if refused is not None:
+    try:
+        refused = await _start_refused(rt, message, meta, start, max_retries)
+    except asyncio.CancelledError:
         if body is not None:
-            # Started before its start, which was refused: the body settles (never cut
-            # off mid side effect) and its outcome is discarded (seed 003 "Background
-            # body before a refused start").
-            await asyncio.wait([body])
-            log.info(
-                "run %s: step %s attempt %d ran before its start, which was refused; "
-                "its outcome is discarded",
-                message.run_id,
-                message.step_name,
-                attempt,
-            )
+            body.cancel()  # the delivery itself is cancelled (its process stopping)
+        raise
+    except Exception:
+        await turbo.discard_early_body(body, message, attempt)
+        raise
+    if refused is not None:
+        await turbo.discard_early_body(body, message, attempt)
         return refused
     outcome = await (body if body is not None else run_body())
     await _write_outcome(rt, message, attempt, outcome)

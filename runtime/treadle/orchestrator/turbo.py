@@ -31,7 +31,12 @@ the log format only), so no out-of-band write of an early body needs the
 run-ready barrier the seed describes; one added later must wait for
 ``run_started`` (``run_ready``).
 
-Used by ``orchestrator.delivery`` (and ``orchestrator.inline`` for the gate).
+The background step's opt-in counterpart, ``WORKFLOW_OPTIMISTIC_BACKGROUND_START``,
+is decided here too (``optimistic_background_start``, ``discard_early_body``) and
+run by ``orchestrator.steps``.
+
+Used by ``orchestrator.delivery`` (and ``orchestrator.inline`` for the gate) and
+``orchestrator.steps``.
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from treadle import settings as settings_module
 from treadle.orchestrator.logstate import LogState
@@ -78,6 +83,24 @@ def optimistic_background_start(
         and attempt == 1
         and message.step_attempt == 1
         and meta.delivery_count == 1
+    )
+
+
+async def discard_early_body(
+    body: asyncio.Task[Any] | None, message: messages.StepMessage, attempt: int
+) -> None:
+    """A background body started before its start, which was refused or failed: it
+    settles (never cut off mid side effect) and its outcome is discarded (seed 003
+    "Background body before a refused start"). Used by ``steps``."""
+    if body is None:
+        return
+    await asyncio.wait([body])
+    log.info(
+        "run %s: step %s attempt %d ran before its start, which did not commit; its "
+        "outcome is discarded",
+        message.run_id,
+        message.step_name,
+        attempt,
     )
 
 
