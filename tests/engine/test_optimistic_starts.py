@@ -299,6 +299,78 @@ async def test_a_boundary_with_a_wait_is_not_started_early(
     await assert_sound(run)
 
 
+async def test_a_boundary_with_a_background_step_commits_its_creations_first(
+    make_app: MakeApp, faulty: FaultyWorld, early: list[tuple[str, int]]
+) -> None:
+    """Seed 003: "A boundary with a background step commits its creations first". With
+    one inline slot, ``gather(a(), b())`` runs a inline and leaves b to its message: a
+    waits for its start (finds it in the log), and neither starts early. (c runs in the
+    first delivery or a later one, as b's wake comes: early only in the first.)
+
+    Seen to fail: ``OptimisticStarts.boundary`` without its ``len(calls) <= slots``
+    check: a starts early."""
+    app = make_app(world=faulty, WORKFLOW_MAX_INLINE_STEPS=1)
+    own: dict[str, bool] = {}
+
+    @app.step
+    async def a() -> str:
+        own["a"] = await _own_start_in_log(faulty, "a")
+        return "a"
+
+    @app.step
+    async def b() -> str:
+        return "b"
+
+    @app.step
+    async def c(x: str) -> str:
+        return x + "c"
+
+    @app.workflow
+    async def flow() -> str:
+        got = "".join(await asyncio.gather(a(), b()))
+        return await c(got)
+
+    run = await app.start(flow)
+    assert await run.result(timeout=30) == "abc"
+    assert own == {"a": True}
+    assert [name for name, _ in early if name in ("a", "b")] == []
+    log = await assert_sound(run)
+    created = [e.event for e in log if isinstance(e.event, events.StepCreated)]
+    assert [e.step_name for e in created] == ["b"], "b ran from its own message"
+
+
+async def test_a_boundary_with_a_step_that_failed_to_serialize_is_not_started_early(
+    make_app: MakeApp, faulty: FaultyWorld, early: list[tuple[str, int]]
+) -> None:
+    """Seed 003: the optimistic start applies only while the boundary has "no step that
+    failed to serialize". ``gather(a(), bad(object()))``: bad is created failed, and a
+    waits for its start.
+
+    Seen to fail: ``OptimisticStarts.boundary`` without its ``input_error`` check."""
+    app = make_app(world=faulty)
+    own: dict[str, bool] = {}
+
+    @app.step
+    async def a() -> str:
+        own["a"] = await _own_start_in_log(faulty, "a")
+        return "a"
+
+    @app.step
+    async def bad(x: Any) -> str:
+        return "never"
+
+    @app.workflow
+    async def flow() -> str:
+        got, failed = await asyncio.gather(a(), bad(object()), return_exceptions=True)
+        return f"{got}:{type(failed).__name__}"
+
+    run = await app.start(flow)
+    result = await run.result(timeout=30)
+    assert result.startswith("a:"), result
+    assert own == {"a": True} and early == []
+    await assert_sound(run)
+
+
 async def test_a_run_cancelled_before_run_started_runs_the_body_and_writes_nothing(
     make_app: MakeApp, faulty: FaultyWorld, early: list[tuple[str, int]]
 ) -> None:
