@@ -87,10 +87,15 @@ class Settings(BaseSettings):
     WORKFLOW_V2_TIMEOUT_MS: int = Field(
         default=300000, ge=1000, description="An orchestrator delivery's inline window."
     )
-    WORKFLOW_TURBO: bool = Field(
-        default=True,
-        description="First-delivery fast path: the start message's first delivery skips "
-        "the log load and sends run_started without waiting (0/false: load, await it).",
+    WORKFLOW_TURBO: bool = Field(default=True, description="First-delivery fast path.")
+    WORKFLOW_WAIT_CONTINUATION_MAX_DELAY_SECONDS: float = Field(
+        default=82800, gt=0, description="Longest timer hop; long sleeps go in hops."
+    )
+    WORKFLOW_NEAR_ELAPSED_WAIT_THRESHOLD_SECONDS: float = Field(
+        default=5, ge=0, description="Near-due re-arm window (at least 5 s)."
+    )
+    WORKFLOW_STEP_RETRY_DELAY_SECONDS: float = Field(
+        default=1.0, ge=0, description="Retry delay of a failed step without retry_after."
     )
     # Issue 15 item 2: optimistic starts (docs/turbo.md, orchestrator/turbo.py).
     WORKFLOW_OPTIMISTIC_INLINE_START: bool = Field(
@@ -106,15 +111,6 @@ class Settings(BaseSettings):
         "0) starts its body while its step_started is in flight; the outcome is written "
         "only once the start committed. A refused start discards the outcome (the body "
         "ran anyway: after a cancel, or twice under a throttled start).",
-    )
-    WORKFLOW_WAIT_CONTINUATION_MAX_DELAY_SECONDS: float = Field(
-        default=82800, gt=0, description="Longest timer hop; long sleeps go in hops."
-    )
-    WORKFLOW_NEAR_ELAPSED_WAIT_THRESHOLD_SECONDS: float = Field(
-        default=5, ge=0, description="Near-due re-arm window (at least 5 s)."
-    )
-    WORKFLOW_STEP_RETRY_DELAY_SECONDS: float = Field(
-        default=1.0, ge=0, description="Retry delay of a failed step without retry_after."
     )
 
     TREADLE_WORLD: str = Field(

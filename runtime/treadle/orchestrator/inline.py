@@ -135,9 +135,9 @@ class InlineSteps:
             started_at=clock.utcnow(),
         )
         event = steps.outcome_event(step_id, step_name, attempt, outcome)
-        await self.creations_written.wait()  # outcomes queue behind the creation batches
         if started is not None and not await started:
             return  # started early, and its start never committed: the outcome is discarded
+        await self.creations_written.wait()  # outcomes queue behind the creation batches
         if outcome.kind != "retry":
             await self._write_outcome(event)
             return

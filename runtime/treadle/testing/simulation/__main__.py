@@ -41,10 +41,16 @@ def _config(args: argparse.Namespace) -> Config:
         shape=shape,
         plan=plan,
         spec=args.spec,
+        optimistic=args.optimistic,
         ownership=not args.no_ownership,
         ownership_lease=args.lease,
-        optimistic=args.optimistic,
     )
+
+
+def _spec9_line(residuals: collections.Counter[str]) -> str:
+    """Spec 9's residual risk: bodies run before an optimistic start that was refused."""
+    shown = {"body_before_refused_start": residuals.get("body_before_refused_start", 0)}
+    return f"spec 9: residual risks (counted, not failed): {shown}"
 
 
 def _spec8_line(
@@ -55,12 +61,6 @@ def _spec8_line(
         f"spec 8: {runs8} runs; residual risks (counted, not failed): {shown}; "
         f"{dict(sorted(notes.items()))}"
     )
-
-
-def _spec9_line(residuals: collections.Counter[str]) -> str:
-    """Spec 9's residual risk: bodies run before an optimistic start that was refused."""
-    shown = {"body_before_refused_start": residuals.get("body_before_refused_start", 0)}
-    return f"spec 9: residual risks (counted, not failed): {shown}"
 
 
 def _replay(seed: int, args: argparse.Namespace) -> int:
@@ -82,9 +82,9 @@ def _replay(seed: int, args: argparse.Namespace) -> int:
         f"faults: {dict(report.faults)}; deliveries per run: {report.deliveries}; "
         f"handoffs: {report.handoffs}"
     )
+    print(_spec9_line(report.residuals))
     if report.spec8_runs:
         print(_spec8_line(report.spec8_runs, report.residuals, report.spec8_notes))
-    print(_spec9_line(report.residuals))
     for v in report.violations:
         print(f"VIOLATION {v}  (likely {known.classify(v, report)})")
     if not report.ok:
