@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from typing import Any
 
 import pytest
 
@@ -29,7 +30,10 @@ async def test_self_superseded_refusal_redelivers_and_completes(
     batch of turbo's first boundary: with ``WORKFLOW_OPTIMISTIC_INLINE_START=0`` the body
     waited for it and runs once; by default it started before it (docs/turbo.md), its
     outcome was discarded, and the redelivery runs it again: twice, one outcome."""
-    tuned = {} if optimistic == "default" else {"WORKFLOW_OPTIMISTIC_INLINE_START": optimistic}
+    # Run-ahead (branch ra) off: it starts a body before its start too.
+    tuned: dict[str, Any] = {"WORKFLOW_RUN_AHEAD_DEPTH": 0}
+    if optimistic != "default":
+        tuned["WORKFLOW_OPTIMISTIC_INLINE_START"] = optimistic
     app = make_app(world=faulty, **tuned)
     ran: Counter[str] = Counter()
 

@@ -37,6 +37,9 @@ from .faults import CURRENT, FaultyWorld
 
 # A held write is released by its event, or after this bound (the test then fails).
 HOLD_BOUND_SECONDS = 15.0
+# Run-ahead (issue 15 item 1, branch ra) starts inline bodies before their starts too;
+# these tests isolate turbo's optimistic starts (a setting a build lacks is ignored).
+TURBO_ONLY: dict[str, Any] = {"WORKFLOW_RUN_AHEAD_DEPTH": 0}
 
 
 class Ping(Hook):
@@ -147,7 +150,7 @@ async def test_first_bodies_start_before_run_started_and_their_starts_commit(
     its start): run_started is never released by a body, the hold's bound runs out."""
     gate_run = hold_writes(faulty, _is_run_started)
     gate_b = hold_writes(faulty, _is_inline_start("b"))
-    app = make_app(world=faulty)
+    app = make_app(world=faulty, **TURBO_ONLY)
     seen: dict[str, list[str]] = {}
 
     @app.step
@@ -196,7 +199,7 @@ async def test_a_max_retries_0_step_waits_for_its_start(
     Seen to fail: ``turbo.may_run_before_its_start`` answering True for 0: r0 starts
     with r3, while run_started is still held, and reads no start of its own."""
     gate = hold_writes(faulty, _is_run_started)
-    app = make_app(world=faulty)
+    app = make_app(world=faulty, **TURBO_ONLY)
     seen: dict[str, bool] = {}
 
     @app.step(max_retries=0)
@@ -230,7 +233,7 @@ async def test_a_hook_ends_optimistic_starts_for_the_rest_of_the_delivery(
     delivery, waits for its start (its body finds it in the log).
 
     Seen to fail: ``OptimisticStarts.end`` made a no-op: b is started early too."""
-    app = make_app(world=faulty, WORKFLOW_ORCHESTRATOR_LINGER_MS=8000)
+    app = make_app(world=faulty, **TURBO_ONLY, WORKFLOW_ORCHESTRATOR_LINGER_MS=8000)
     ran: dict[str, tuple[int, str]] = {}
     own: dict[str, bool] = {}
 
@@ -274,7 +277,7 @@ async def test_a_boundary_with_a_wait_is_not_started_early(
     and so does b after the sleep.
 
     Seen to fail: ``OptimisticStarts.boundary`` without its hook-or-wait check."""
-    app = make_app(world=faulty)
+    app = make_app(world=faulty, **TURBO_ONLY)
     own: dict[str, bool] = {}
 
     @app.step
@@ -309,7 +312,7 @@ async def test_a_boundary_with_a_background_step_commits_its_creations_first(
 
     Seen to fail: ``OptimisticStarts.boundary`` without its ``len(calls) <= slots``
     check: a starts early."""
-    app = make_app(world=faulty, WORKFLOW_MAX_INLINE_STEPS=1)
+    app = make_app(world=faulty, **TURBO_ONLY, WORKFLOW_MAX_INLINE_STEPS=1)
     own: dict[str, bool] = {}
 
     @app.step
@@ -347,7 +350,7 @@ async def test_a_boundary_with_a_step_that_failed_to_serialize_is_not_started_ea
     waits for its start.
 
     Seen to fail: ``OptimisticStarts.boundary`` without its ``input_error`` check."""
-    app = make_app(world=faulty)
+    app = make_app(world=faulty, **TURBO_ONLY)
     own: dict[str, bool] = {}
 
     @app.step
@@ -380,7 +383,7 @@ async def test_a_run_cancelled_before_run_started_runs_the_body_and_writes_nothi
     ended), which stops the writer: the start batch and the outcome are never written,
     and the delivery acknowledges. The log is run_created, run_cancelled."""
     gate = hold_writes(faulty, _is_run_started)
-    app = make_app(world=faulty)
+    app = make_app(world=faulty, **TURBO_ONLY)
     ran: Counter[str] = Counter()
     entered = asyncio.Event()
 
@@ -419,7 +422,7 @@ async def test_any_refusal_of_run_started_stops_every_write_queued_behind_it(
     Seen to fail: turbo's run_started written without ``required=True``: the writer
     keeps its count after a business refusal, and the start batch and the outcome are
     written on a run that never started."""
-    app = make_app(world=faulty)
+    app = make_app(world=faulty, **TURBO_ONLY)
     ran: Counter[str] = Counter()
     inner = faulty.events.create
     refused: list[str] = []
@@ -462,7 +465,7 @@ async def test_a_fence_refused_run_started_reruns_the_early_body_once(
     redelivered in a second, and the redelivery (delivery count 2: it loads the log, no
     early start) runs the body again. The body ran twice; the log has one start and one
     outcome for it."""
-    app = make_app(world=faulty)
+    app = make_app(world=faulty, **TURBO_ONLY)
     ran: Counter[str] = Counter()
 
     @app.step
@@ -493,7 +496,7 @@ async def test_optimistic_inline_start_off_awaits_each_start_and_still_skips_the
     """Seed 003 "Turbo configuration": ``WORKFLOW_OPTIMISTIC_INLINE_START=0`` keeps
     turbo's skipped load and backgrounded run_started; each inline body waits for its
     start to commit."""
-    app = make_app(world=faulty, WORKFLOW_OPTIMISTIC_INLINE_START="0")
+    app = make_app(world=faulty, **TURBO_ONLY, WORKFLOW_OPTIMISTIC_INLINE_START="0")
     loads = _count_loads(faulty)
     own: dict[str, bool] = {}
 
@@ -518,7 +521,7 @@ async def test_turbo_off_loads_awaits_run_started_and_every_start(
 ) -> None:
     """``WORKFLOW_TURBO=0``: the first delivery loads the log, and no body starts
     before its start (the optimistic inline start only exists under turbo)."""
-    app = make_app(world=faulty, WORKFLOW_TURBO="false")
+    app = make_app(world=faulty, **TURBO_ONLY, WORKFLOW_TURBO="false")
     loads = _count_loads(faulty)
     own: dict[str, bool] = {}
 
@@ -545,7 +548,7 @@ async def test_a_coalesced_re_run_of_the_first_delivery_is_not_turbo(
     delivery (turbo) creates a hook and acks; a wake folded into it re-runs it with
     delivery count 2 and the same run_input. The re-run is held until the hook's
     payload is in, so it runs b: it loads the log and b waits for its start."""
-    app = make_app(world=faulty, WORKFLOW_ORCHESTRATOR_LINGER_MS=0)
+    app = make_app(world=faulty, **TURBO_ONLY, WORKFLOW_ORCHESTRATOR_LINGER_MS=0)
     loads = _count_loads(faulty)
     ran: dict[str, int] = {}
     own: dict[str, bool] = {}
@@ -603,7 +606,7 @@ async def test_a_start_message_copy_after_progress_runs_no_completed_body(
 
     Seen to fail: ``_turbo_start`` with its pending check removed: the copy replays a
     synthesized log and starts a's body again before its run_started is refused."""
-    app = make_app(world=faulty)
+    app = make_app(world=faulty, **TURBO_ONLY)
     ran: Counter[str] = Counter()
 
     @app.step
@@ -660,7 +663,10 @@ async def test_background_optimistic_start_runs_the_body_while_its_start_is_in_f
     runs) is in flight; the outcome is written after the start."""
     gate = hold_writes(faulty, _is_background_start("work"))
     app = make_app(
-        world=faulty, WORKFLOW_MAX_INLINE_STEPS=0, WORKFLOW_OPTIMISTIC_BACKGROUND_START="1"
+        world=faulty,
+        **TURBO_ONLY,
+        WORKFLOW_MAX_INLINE_STEPS=0,
+        WORKFLOW_OPTIMISTIC_BACKGROUND_START="1",
     )
     own: dict[str, bool] = {}
 
@@ -695,7 +701,7 @@ async def test_background_body_waits_for_its_start(
         overrides["WORKFLOW_OPTIMISTIC_BACKGROUND_START"] = "true"
     if case == "inline-start=0":
         overrides["WORKFLOW_OPTIMISTIC_INLINE_START"] = "0"
-    app = make_app(world=faulty, **overrides)
+    app = make_app(world=faulty, **TURBO_ONLY, **overrides)
     own: dict[str, bool] = {}
 
     @app.step(max_retries=0 if case == "max_retries=0" else 3)
@@ -727,7 +733,7 @@ async def test_background_body_before_a_start_refused_as_the_run_ended(
     overrides: dict[str, Any] = {"WORKFLOW_MAX_INLINE_STEPS": 0}
     if optimistic:
         overrides["WORKFLOW_OPTIMISTIC_BACKGROUND_START"] = "1"
-    app = make_app(world=faulty, **overrides)
+    app = make_app(world=faulty, **TURBO_ONLY, **overrides)
     ran: Counter[str] = Counter()
 
     @app.step
@@ -762,7 +768,10 @@ async def test_background_body_before_a_throttled_start_runs_again_with_one_outc
     is discarded and the message is redelivered; the redelivery (count 2) awaits its
     start and runs the body again. Two runs of the body, one start, one outcome."""
     app = make_app(
-        world=faulty, WORKFLOW_MAX_INLINE_STEPS=0, WORKFLOW_OPTIMISTIC_BACKGROUND_START="1"
+        world=faulty,
+        **TURBO_ONLY,
+        WORKFLOW_MAX_INLINE_STEPS=0,
+        WORKFLOW_OPTIMISTIC_BACKGROUND_START="1",
     )
     ran: Counter[str] = Counter()
 

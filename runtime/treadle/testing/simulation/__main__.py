@@ -146,8 +146,8 @@ def _soak(args: argparse.Namespace) -> int:
     )
     print(f"faults injected: {dict(sorted(faults.items()))} (total {sum(faults.values())})")
     print(f"failing seeds: {len(failed)}; violations by kind: {dict(kinds)}")
-    print(_spec8_line(runs8, residuals, notes))
     print(_spec9_line(residuals))
+    print(_spec8_line(runs8, residuals, notes))
     return 1 if failed else 0
 
 
@@ -174,6 +174,12 @@ def main(argv: list[str] | None = None) -> int:
         help="run formats: 9, 8, or mixed (each run either; the default where spec 8 runs)",
     )
     p.add_argument(
+        "--optimistic",
+        choices=OPTIMISTIC,
+        default=Config.optimistic,
+        help="optimistic starts: seed (background start drawn per seed), default, on, off",
+    )
+    p.add_argument(
         "--lease",
         type=float,
         default=Config.ownership_lease,
@@ -183,12 +189,6 @@ def main(argv: list[str] | None = None) -> int:
         "--no-ownership",
         action="store_true",
         help="spec 8 under the kill switch WORKFLOW_INLINE_OWNERSHIP=0",
-    )
-    p.add_argument(
-        "--optimistic",
-        choices=OPTIMISTIC,
-        default=Config.optimistic,
-        help="optimistic starts: seed (background start drawn per seed), default, on, off",
     )
     args = p.parse_args(argv)
     # No hash seed is fixed: the engine and the simulation never iterate a set of

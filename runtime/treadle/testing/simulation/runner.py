@@ -17,7 +17,7 @@ import contextlib
 import logging
 import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from treadle import clock, errors, settings
@@ -62,34 +62,40 @@ class Config:
     watchdog_seconds: float = 3.0
     # Run formats (``spec8.MODES``): "9" as the pinned seeds were found, "8", "mixed".
     spec: str = "9"
+    # Optimistic starts (issue 15 item 2), ``OPTIMISTIC``: "seed" draws the opt-in
+    # WORKFLOW_OPTIMISTIC_BACKGROUND_START per seed (``optimistic_mode``), turbo's early
+    # inline bodies at their default (on); "default" as shipped; "on" both on; "off" both
+    # off. ``simulate`` resolves "seed", so a report's replay names what the seed ran.
+    optimistic: str = "seed"
     # WORKFLOW_INLINE_OWNERSHIP (False: seed 000's kill switch) and its lease (virtual s).
     ownership: bool = True
     ownership_lease: float = workload8.LEASE_SECONDS
-    # Optimistic starts (issue 15 item 2), ``OPTIMISTIC``: "seed" draws the opt-in
-    # WORKFLOW_OPTIMISTIC_BACKGROUND_START per seed (half the seeds), turbo's early inline
-    # bodies at their default (on); "default" as shipped; "on" both on; "off" both off.
-    optimistic: str = "seed"
 
-    def settings(self, seed: int = 0) -> dict[str, Any]:
+    def settings(self) -> dict[str, Any]:
         return {
             **SETTINGS,
             "WORKFLOW_INLINE_OWNERSHIP": self.ownership,
             "WORKFLOW_INLINE_OWNERSHIP_LEASE_SECONDS": self.ownership_lease,
-            **optimistic_settings(self.optimistic, seed),
+            **optimistic_settings(self.optimistic),
         }
 
 
 OPTIMISTIC = ("seed", "default", "on", "off")
 
 
-def optimistic_settings(mode: str, seed: int) -> dict[str, Any]:
-    """The optimistic-start settings of one seed under ``mode`` (``Config.optimistic``)."""
+def optimistic_mode(mode: str, seed: int) -> str:
+    """``Config.optimistic`` for one seed: "seed" is drawn from its own stream, the opt-in
+    background start on for half the seeds ("on"), else "default"."""
+    if mode != "seed":
+        return mode
+    return "on" if random.Random(f"{seed}/optimistic").random() < 0.5 else "default"
+
+
+def optimistic_settings(mode: str) -> dict[str, Any]:
+    """The optimistic-start settings of ``mode`` ("seed" as "default" until drawn)."""
     if mode == "off":
         return {"WORKFLOW_OPTIMISTIC_INLINE_START": False}  # also wins over the background one
-    background = mode == "on" or (
-        mode == "seed" and random.Random(f"{seed}/optimistic").random() < 0.5
-    )
-    return {"WORKFLOW_OPTIMISTIC_BACKGROUND_START": background}
+    return {"WORKFLOW_OPTIMISTIC_BACKGROUND_START": mode == "on"}
 
 
 @dataclass
@@ -135,12 +141,12 @@ class Report:
         if c.processes != Config.processes:
             parts.append(f"--processes {c.processes}")
         parts.append(f"--spec {c.spec}")
+        if c.optimistic != Config.optimistic:
+            parts.append(f"--optimistic {c.optimistic}")
         if not c.ownership:
             parts.append("--no-ownership")
         if c.ownership_lease != Config.ownership_lease:
             parts.append(f"--lease {c.ownership_lease:g}")
-        if c.optimistic != Config.optimistic:
-            parts.append(f"--optimistic {c.optimistic}")
         return " ".join(parts)
 
 
@@ -296,6 +302,7 @@ class Simulation:
 def simulate(seed: int, config: Config | None = None) -> Report:
     """Run one seed and check every invariant; never raises for a violation."""
     config = config or Config()
+    config = replace(config, optimistic=optimistic_mode(config.optimistic, seed))
     specs = spec8.formats(seed, config.spec, config.runs)
     plan = config.plan
     if plan is None:
@@ -365,7 +372,7 @@ async def _main(sim: Simulation, report: Report) -> list[invariants.RunOutcome]:
     with clock.use(loop.SimClock(ev_loop, random.Random(f"{sim.seed}/bytes"))):
         sim.backend = MemoryBackend(tuning=TUNING, rng=random.Random(f"{sim.seed}/queue"))
         client = MemoryWorld(sim.backend)
-        overrides = sim.config.settings(sim.seed)
+        overrides = sim.config.settings()
         app = Workflows(world=client, worker=False, settings_=settings.load({}, **overrides))
         workload.build(app, sim.ledger, ev_loop.time)
         starter = spec8.Starter(app, client, overrides)
