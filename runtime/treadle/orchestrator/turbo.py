@@ -95,6 +95,8 @@ async def discard_early_body(
     if body is None:
         return
     await asyncio.wait([body])
+    if not body.cancelled():
+        body.exception()  # retrieved: discarded with the outcome
     log.info(
         "run %s: step %s attempt %d ran before its start, which did not commit; its "
         "outcome is discarded",
