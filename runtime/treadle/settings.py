@@ -103,6 +103,21 @@ class Settings(BaseSettings):
     WORKFLOW_STEP_RETRY_DELAY_SECONDS: float = Field(
         default=1.0, ge=0, description="Retry delay of a failed step without retry_after."
     )
+    # Issue 15 item 2: optimistic starts (docs/turbo.md, orchestrator/turbo.py).
+    WORKFLOW_OPTIMISTIC_INLINE_START: bool = Field(
+        default=True,
+        description="Under turbo, an all-inline boundary's bodies (max_retries above 0) "
+        "start before their step_started commits, until the first hook or wait (0/false: "
+        "each waits for its start; the skipped load stays). 0 also wins over "
+        "WORKFLOW_OPTIMISTIC_BACKGROUND_START.",
+    )
+    WORKFLOW_OPTIMISTIC_BACKGROUND_START: bool = Field(
+        default=False,
+        description="Opt-in: a background step's plain first delivery (max_retries above "
+        "0) starts its body while its step_started is in flight; the outcome is written "
+        "only once the start committed. A refused start discards the outcome (the body "
+        "ran anyway: after a cancel, or twice under a throttled start).",
+    )
 
     TREADLE_WORLD: str = Field(
         default="local:.treadle",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from typing import Any
 
 import pytest
 
@@ -20,13 +21,20 @@ from .conftest import MakeApp
 from .faults import FaultyWorld
 
 
+@pytest.mark.parametrize("optimistic", ["default", "0"])
 async def test_self_superseded_refusal_redelivers_and_completes(
-    make_app: MakeApp, faulty: FaultyWorld
+    make_app: MakeApp, faulty: FaultyWorld, optimistic: str
 ) -> None:
     """Self-superseded 412 (A2, once): the refused delivery answers Redeliver(1), never Ack;
-    its redelivery reloads the log and completes the run. Run-ahead off: under it the
-    body starts ahead of its refused start and runs again (tests/engine/test_run_ahead.py)."""
-    app = make_app(world=faulty, WORKFLOW_RUN_AHEAD_DEPTH=0)
+    its redelivery reloads the log and completes the run. The refused write is the start
+    batch of turbo's first boundary: with ``WORKFLOW_OPTIMISTIC_INLINE_START=0`` the body
+    waited for it and runs once; by default it started before it (docs/turbo.md), its
+    outcome was discarded, and the redelivery runs it again: twice, one outcome."""
+    # Run-ahead (branch ra) off: it starts a body before its start too.
+    tuned: dict[str, Any] = {"WORKFLOW_RUN_AHEAD_DEPTH": 0}
+    if optimistic != "default":
+        tuned["WORKFLOW_OPTIMISTIC_INLINE_START"] = optimistic
+    app = make_app(world=faulty, **tuned)
     ran: Counter[str] = Counter()
 
     @app.step
@@ -45,7 +53,9 @@ async def test_self_superseded_refusal_redelivers_and_completes(
     assert isinstance(answers[0].result, messages.Redeliver) and answers[0].result.seconds == 1
     assert answers[1].meta.message_id == answers[0].meta.message_id
     assert answers[1].meta.delivery_count == 2 and answers[1].result == messages.ACK
-    assert ran == Counter({"work": 1})
+    assert ran == Counter({"work": 1 if optimistic == "0" else 2})
+    kinds = [e.type for e in await run.events()]
+    assert kinds.count("step_started") == 1 and kinds.count("step_completed") == 1
 
 
 async def test_refused_on_every_pass_fails_at_the_delivery_cap(

@@ -1,12 +1,16 @@
 """Turbo (seed 003): the start message's first delivery skips the log load and does not
-wait for ``run_started`` before replaying; every later write still queues behind it, and
-an inline body still starts only once its own ``step_started`` committed."""
+wait for ``run_started`` before replaying; every later write still queues behind it.
+Under ``WORKFLOW_OPTIMISTIC_INLINE_START=0`` an inline body starts only once its own
+``step_started`` committed; by default it starts before (tests/engine/
+test_optimistic_starts.py proves that ordering on both Worlds)."""
 
 from __future__ import annotations
 
 import asyncio
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from treadle import Workflows, settings
 from treadle.world import events, records
@@ -42,13 +46,16 @@ class HeldRunStarted:
         await self._world.close()
 
 
+@pytest.mark.parametrize("optimistic", ["default", "0"])
 async def test_the_first_delivery_replays_while_run_started_is_in_flight(
-    tmp_path: Path,
+    tmp_path: Path, optimistic: str
 ) -> None:
     world = HeldRunStarted(await LocalWorld(tmp_path / "w").open())
-    # Run-ahead off: under it the body starts beside its start's write, before it commits.
-    tuned = settings.load({}, WORKFLOW_RUN_AHEAD_DEPTH=0)
-    app = Workflows(world=world, settings_=tuned, worker=True)  # type: ignore[arg-type]
+    # Run-ahead (branch ra) off: it starts a body before its start too.
+    tuned: dict[str, Any] = {"WORKFLOW_RUN_AHEAD_DEPTH": 0}
+    if optimistic != "default":
+        tuned["WORKFLOW_OPTIMISTIC_INLINE_START"] = optimistic
+    app = Workflows(world=world, settings_=settings.load({}, **tuned), worker=True)  # type: ignore[arg-type]
     seen_by_body: list[str] = []
 
     @app.step
@@ -76,4 +83,7 @@ async def test_the_first_delivery_replays_while_run_started_is_in_flight(
         "step_completed",
         "run_completed",
     ]
-    assert seen_by_body == ["run_created", "run_started", "step_started"]
+    if optimistic == "0":
+        assert seen_by_body == ["run_created", "run_started", "step_started"]
+    else:  # started before its start committed: what it read is racing its own writes
+        assert "step_completed" not in seen_by_body

@@ -33,6 +33,7 @@ from treadle.orchestrator.inline import InlineSteps, check_lease
 from treadle.orchestrator.runahead import RunAhead, RunAheadRestartsSpent
 from treadle.orchestrator.runtime import Runtime
 from treadle.orchestrator.session import RunSession
+from treadle.orchestrator.turbo import OptimisticStarts
 from treadle.orchestrator.waits import WaitArmer, ms, now_ms
 from treadle.orchestrator.writer import LeaseLost, Superseded
 from treadle.replay import engine, operations
@@ -73,6 +74,7 @@ class OrchestratorDelivery:
         # every later write queues on the writer behind it.
         self._turbo = False
         self._run_started: asyncio.Future[events.LoggedEvent] | None = None
+        self.turbo = OptimisticStarts(self.settings, self.run_id)  # early inline bodies
 
     @property
     def replay(self) -> engine.Replay:
@@ -86,7 +88,7 @@ class OrchestratorDelivery:
         if self.meta.lease_lost is not None:
             watch = asyncio.get_running_loop().create_task(self._wake_on_lost_lease())
         try:
-            return await self._run()
+            return await self.turbo.deciding(self._run())
         except errors.RunExpired:
             await self.inline.settle(quiet=True)
             return messages.ACK  # the run ended under us (a cancel, say)
@@ -209,9 +211,11 @@ class OrchestratorDelivery:
         self.session.start_replay(workflow)
         if not state.started:
             if self._turbo:
-                # Queued on the writer ahead of every later write; not awaited here.
-                self._run_started = self.session.write_soon(events.RunStarted())
+                # Queued on the writer ahead of every later write; not awaited here. Its
+                # failure stops the writer: nothing queued behind it is written.
+                self._run_started = self.session.write_soon(events.RunStarted(), required=True)
                 self._run_started.add_done_callback(_retrieve)
+                self.turbo.engage(self._run_started)
             else:
                 await self.session.write(events.RunStarted())
         self.session.subscribe()
@@ -316,7 +320,9 @@ class OrchestratorDelivery:
                 log.info("run %s: inline window over; handing off", self.run_id)
                 return messages.HANDOFF
             if await self.ahead.attend():
-                continue  # run-ahead repaired or restarted: replay from the new log
+                # Run-ahead repaired or restarted: replay from the new log, no early starts.
+                self.turbo.end("a run-ahead repair or restart")
+                continue
             await self.waits.complete_due_waits()
             outcome = self.replay.advance()
             if not isinstance(outcome, engine.Suspended) and await self.ahead.drain():
@@ -369,6 +375,7 @@ class OrchestratorDelivery:
         budget = self.settings.WORKFLOW_REPLAY_DIVERGENCE_MAX_RETRIES
         spent = divergence.over_budget(log, self.run_id, diverged, self._divergences, budget)
         await self.inline.settle()
+        self.turbo.end("a divergence recovery")
         if spent:
             await self.session.write_terminal(divergence.corrupted(self.run_id, diverged))
             return False
@@ -468,9 +475,15 @@ class OrchestratorDelivery:
     # -- creating what the workflow waits on -------------------------------------------
 
     async def _create(self, suspended: engine.Suspended) -> messages.HandlerResult | None:
-        await self._started()  # the replay ran while it was in flight; nothing is sent before
-        if await self.ahead.create(suspended, self.inline.slots()):
-            return None  # written ahead (bodies started), or replayed after a repair
+        # Turbo's early starts take a boundary only while nothing of run-ahead is in flight
+        # (an outcome run-ahead holds would land after turbo's next start); boundary() is
+        # asked every time, so a suspension with a hook or a wait still ends them.
+        early = self.turbo.boundary(suspended, self.inline.slots(), self.session.state)
+        early = early and not self.ahead.speculating
+        if not early:
+            await self._started()  # the replay ran while it was in flight; nothing sent before
+            if await self.ahead.create(suspended, self.inline.slots()):
+                return None  # written ahead (bodies started), or replayed after a repair
         conflicts = await hookwrites.write_hooks(self.session, suspended)
         if conflicts:
             return await self._after_hook_conflict(conflicts)
@@ -496,9 +509,14 @@ class OrchestratorDelivery:
         starts = {call.correlation_id: call for call in inline}
         self.inline.creations_written.clear()  # outcomes queue behind the last batch
         try:
+            if early:
+                bodies, starts = self.turbo.split(starts)
+                for call in bodies:  # before their start commits (orchestrator.turbo)
+                    self.inline.start_early(call, self.turbo.gate(call.correlation_id))
             for chunk in decisions.creation_batches(batch):
                 await self._write_creations(chunk, starts)
         finally:
+            self.turbo.close_batch()  # a start not committed: its early outcome is discarded
             self.inline.creations_written.set()
         return None
 
@@ -524,6 +542,7 @@ class OrchestratorDelivery:
         too (seeds 216, 232).
         """
         committed, refused = await self.session.write_batch(batch)
+        self.turbo.confirm(committed)
         sends = []
         for logged in committed:
             event = logged.event

@@ -103,11 +103,23 @@ class InlineSteps:
             return
         self._spawn(call.correlation_id, call.step_name, call.input, 1, call.max_retries)
 
+    def start_early(self, call: operations.StepCall, started: asyncio.Future[bool]) -> None:
+        """Turbo: start the body now, before its ``step_started`` commits; its outcome is
+        written only if ``started`` comes True (``orchestrator.turbo``)."""
+        check_lease(self.meta, self.run_id)
+        self._spawn(call.correlation_id, call.step_name, call.input, 1, call.max_retries, started)
+
     def _spawn(
-        self, step_id: str, step_name: str, step_input: Any, attempt: int, max_retries: int
+        self,
+        step_id: str,
+        step_name: str,
+        step_input: Any,
+        attempt: int,
+        max_retries: int,
+        started: asyncio.Future[bool] | None = None,
     ) -> None:
         task = asyncio.get_running_loop().create_task(
-            self._run(step_id, step_name, step_input, attempt, max_retries),
+            self._run(step_id, step_name, step_input, attempt, max_retries, started),
             name=f"treadle-inline-{step_id}",
         )
         task.add_done_callback(lambda _task: self.session.news.set())
@@ -115,7 +127,13 @@ class InlineSteps:
         self.ran.add(step_id)
 
     async def _run(
-        self, step_id: str, step_name: str, step_input: Any, attempt: int, max_retries: int
+        self,
+        step_id: str,
+        step_name: str,
+        step_input: Any,
+        attempt: int,
+        max_retries: int,
+        started: asyncio.Future[bool] | None = None,
     ) -> None:
         outcome = await steps.execute(
             self.rt,
@@ -129,6 +147,8 @@ class InlineSteps:
             started_at=clock.utcnow(),
         )
         event = steps.outcome_event(step_id, step_name, attempt, outcome)
+        if started is not None and not await started:
+            return  # started early, and its start never committed: the outcome is discarded
         await self.creations_written.wait()  # outcomes queue behind the creation batches
         if self.runahead is not None and await self.runahead.outcome(step_id, event, outcome.kind):
             return  # handed to the workflow ahead of its write (orchestrator.runahead)

@@ -266,10 +266,13 @@ class RunSession:
         assert self.writer is not None
         return await self._absorb(await self.writer.create(event))
 
-    def write_soon(self, event: events.Event) -> asyncio.Task[events.LoggedEvent]:
-        """``write``, queued on the writer now (ahead of every later write), not awaited."""
+    def write_soon(
+        self, event: events.Event, *, required: bool = False
+    ) -> asyncio.Task[events.LoggedEvent]:
+        """``write``, queued on the writer now (ahead of every later write), not awaited;
+        ``required``: its failure stops the writer (``InBandWriter.create_soon``)."""
         assert self.writer is not None
-        written = self.writer.create_soon(event)
+        written = self.writer.create_soon(event, required=required)
 
         async def absorbed() -> events.LoggedEvent:
             return await self._absorb(await written)

@@ -9,7 +9,10 @@ log: a delivery costs the same in a run of 10,000 events as of 10), writes
 ``step_started`` out-of-band (a stale start, refused as ``StaleStepStart``, or a
 lease lost meanwhile, runs no body), runs the body,
 writes the outcome, wakes the orchestrator, and acknowledges, or asks for the
-same message again to retry in place.
+same message again to retry in place. Under the opt-in
+``WORKFLOW_OPTIMISTIC_BACKGROUND_START`` the body of a plain first delivery starts
+while its ``step_started`` is in flight, and its outcome is discarded unless that
+start committed (``orchestrator.turbo``).
 
 The log is the only source of truth for a step (security review H2): the
 message names a run and a step (ids and the step's name); the handler runs only
@@ -27,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import traceback
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -35,6 +38,7 @@ from typing import Any
 from pydantic import JsonValue
 
 from treadle import clock, errors, limits, serde
+from treadle.orchestrator import turbo
 from treadle.orchestrator.runtime import Runtime
 from treadle.sdk import context, functions
 from treadle.telemetry import hooks as telemetry_hooks
@@ -312,6 +316,49 @@ async def _write_start(
         return True
 
 
+async def _start_refused(
+    rt: Runtime,
+    message: messages.StepMessage,
+    meta: messages.DeliveryMeta,
+    start: events.StepStarted,
+    max_retries: int,
+) -> messages.HandlerResult | None:
+    """Write the attempt's start; None when the body may run (or its outcome be written),
+    else the delivery's answer. Any other failure is raised (the queue redelivers)."""
+    attempt = start.attempt
+    try:
+        if not await _write_start(rt, message, start):
+            return messages.ACK  # the run or step ended meanwhile
+    except errors.RunExpired:
+        return messages.ACK
+    except errors.StepAlreadyEnded:
+        await _wake(rt, message)
+        return messages.ACK
+    except errors.StaleStepStart as exc:
+        # This delivery stalled in its start past its lease and a redelivery started
+        # attempt ``latest_attempt``: that delivery owns the step now (seed 522).
+        log.info(
+            "run %s: step %s attempt %d's start is stale (attempt %d started); running no body",
+            message.run_id,
+            message.step_name,
+            attempt,
+            exc.latest_attempt,
+        )
+        return messages.ACK
+    if meta.lost_lease() and max_retries != 0:
+        # The lease lapsed during the start: a redelivery re-runs the step, and this body
+        # could overlap it. A max_retries=0 step still runs, as an inline one does
+        # (``InlineSteps.start_committed``): no other owner ever runs its body.
+        log.info(
+            "run %s: step %s attempt %d lost its lease while starting; running no body",
+            message.run_id,
+            message.step_name,
+            attempt,
+        )
+        return messages.ACK
+    return None
+
+
 async def handle_step_message(
     rt: Runtime, message: messages.StepMessage, meta: messages.DeliveryMeta
 ) -> messages.HandlerResult:
@@ -499,47 +546,36 @@ async def _start_and_run(
     start = events.StepStarted(
         correlation_id=message.step_id, step_name=message.step_name, attempt=attempt
     )
+
+    def run_body() -> Coroutine[Any, Any, Outcome]:
+        return execute(
+            rt,
+            run_id=message.run_id,
+            workflow_name=message.run_context.workflow_name,
+            step_id=message.step_id,
+            step_name=message.step_name,
+            input=step_input,
+            attempt=attempt,
+            max_retries=max_retries,
+            started_at=started_at,
+        )
+
+    body: asyncio.Task[Outcome] | None = None
+    if turbo.optimistic_background_start(rt.settings, message, meta, attempt, max_retries):
+        body = asyncio.get_running_loop().create_task(run_body())
     try:
-        if not await _write_start(rt, message, start):
-            return messages.ACK  # the run or step ended meanwhile
-    except errors.RunExpired:
-        return messages.ACK
-    except errors.StepAlreadyEnded:
-        await _wake(rt, message)
-        return messages.ACK
-    except errors.StaleStepStart as exc:
-        # This delivery stalled in its start past its lease and a redelivery started
-        # attempt ``latest_attempt``: that delivery owns the step now (seed 522).
-        log.info(
-            "run %s: step %s attempt %d's start is stale (attempt %d started); running no body",
-            message.run_id,
-            message.step_name,
-            attempt,
-            exc.latest_attempt,
-        )
-        return messages.ACK
-    if meta.lost_lease() and max_retries != 0:
-        # The lease lapsed during the start: a redelivery re-runs the step, and this body
-        # could overlap it. A max_retries=0 step still runs, as an inline one does
-        # (``InlineSteps.start_committed``): no other owner ever runs its body.
-        log.info(
-            "run %s: step %s attempt %d lost its lease while starting; running no body",
-            message.run_id,
-            message.step_name,
-            attempt,
-        )
-        return messages.ACK
-    outcome = await execute(
-        rt,
-        run_id=message.run_id,
-        workflow_name=message.run_context.workflow_name,
-        step_id=message.step_id,
-        step_name=message.step_name,
-        input=step_input,
-        attempt=attempt,
-        max_retries=max_retries,
-        started_at=started_at,
-    )
+        refused = await _start_refused(rt, message, meta, start, max_retries)
+    except asyncio.CancelledError:
+        if body is not None:
+            body.cancel()  # the delivery itself is cancelled (its process stopping)
+        raise
+    except Exception:
+        await turbo.discard_early_body(body, message, attempt)
+        raise
+    if refused is not None:
+        await turbo.discard_early_body(body, message, attempt)
+        return refused
+    outcome = await (body if body is not None else run_body())
     await _write_outcome(rt, message, attempt, outcome)
     await _wake(rt, message)
     if outcome.kind == "retry":

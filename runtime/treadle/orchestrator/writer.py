@@ -120,10 +120,14 @@ class InBandWriter:
             raise
         _finish(mine)
 
-    def create_soon(self, event: events.Event) -> asyncio.Task[records.EventResult]:
-        """Queue a write now, ahead of every write asked for later, without waiting for it."""
+    def create_soon(
+        self, event: events.Event, *, required: bool = False
+    ) -> asyncio.Task[records.EventResult]:
+        """Queue a write now, ahead of every write asked for later, without waiting for it.
+        ``required``: any failure of it, a business refusal too, stops the writer, so no
+        write queued behind it reaches the World (turbo's run_started, ``turbo``)."""
         place = self._take_turn()
-        return asyncio.ensure_future(self._create(event, None, place))
+        return asyncio.ensure_future(self._create(event, None, place, required=required))
 
     async def create(
         self, event: events.Event, *, occurred_at: datetime | None = None
@@ -135,6 +139,8 @@ class InBandWriter:
         event: events.Event,
         occurred_at: datetime | None,
         place: tuple[asyncio.Future[None] | None, asyncio.Future[None]],
+        *,
+        required: bool = False,
     ) -> records.EventResult:
         async with self._turn(place):
             self._check()
@@ -161,7 +167,11 @@ class InBandWriter:
                         mine, report = found
                         result = records.EventResult(mine[0], allocated=1, report=report)
             except BaseException as exc:
-                self._stop(exc)
+                try:
+                    self._stop(exc)
+                finally:
+                    if required and not self.stopped:
+                        self.failure = exc  # before the next write takes its turn
                 raise
             self._accept(result.allocated, [result.event], result.has_more)
             return result

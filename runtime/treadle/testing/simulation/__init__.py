@@ -25,6 +25,10 @@ that die and stall), ``invariants``, ``runner`` (``simulate``), ``shrink``,
 ``__main__`` (the CLI). Spec 8 runs (``Config(spec="8" | "mixed")``, seed 000):
 ``spec8`` (formats, minting, owner faults), ``workload8`` (seed 000's shapes),
 ``invariants8`` (the spec 8 invariants; the accepted residual risks counted).
+Optimistic starts (``Config(optimistic=...)``, ``--optimistic``): turbo's early
+inline bodies are on, the opt-in background start is drawn per seed, and a body
+run before a start that was then refused is counted as spec 9's residual risk
+``body_before_refused_start`` (``invariants.residuals``; docs/turbo.md).
 Your own workflows can run on the same loop and World:
 ``loop.run(main, rng=random.Random(seed))`` with ``treadle.clock.use(SimClock(...))``
 and a ``MemoryWorld``.

@@ -22,7 +22,16 @@ and returns ``Violation`` objects, each naming its kind:
   (unless a process died meanwhile), or while one still ran (unless an owner died or
   went stale);
 - ``cancelled_body``: a step body cancelled although its process did not die;
-- ``deliveries`` / ``handoffs``: more than the bound for the run's size.
+- ``deliveries`` / ``handoffs``: more than the bound for the run's size;
+- ``unstarted_body``: a ``max_retries=0`` body ran for an attempt the log never
+  started (such a step never starts before its start commits: ``orchestrator.turbo``).
+
+One residual risk is counted, never failed (``residuals``): an optimistic start
+(turbo's early inline bodies, ``WORKFLOW_OPTIMISTIC_BACKGROUND_START``) runs a
+body before its start commits; when that start is then refused (the run ended,
+the fence refused turbo's run_started, a throttled start), the body ran with no
+committed start and its outcome was discarded, and a redelivery may run it again:
+``body_before_refused_start``, one per such body run (docs/turbo.md).
 
 Checks that faults legitimately change (a killed owner may leave a
 ``max_retries=0`` step exhausted; the output and budgets shift) are skipped for
@@ -128,6 +137,7 @@ def check(o: RunOutcome) -> list[Violation]:
     out += _check_output(o, race_ids)
     out += _check_bodies(o, race_ids)
     out += [Violation("lease_ignored", rid, text) for text in o.ignored_leases]
+    out += _unstarted(o)[1]
     steps = len(outcomes_expected(o.program)) + len(race_ids)
     if o.deliveries > 80 + 6 * steps:
         out.append(Violation("deliveries", rid, f"{o.deliveries} deliveries for {steps} steps"))
@@ -334,3 +344,55 @@ def _check_bodies(o: RunOutcome, race_ids: set[str]) -> list[Violation]:
                         )
                     )
     return out
+
+
+def _step_retries(o: RunOutcome) -> dict[str, int]:
+    """Op id -> the step's ``max_retries`` (its ``r``), for every step of the program."""
+    retries: dict[str, int] = {}
+    for op in o.program.ops:
+        for c in (
+            [op]
+            if op["k"] == "step"
+            else op.get("ops", []) or ([op["step"]] if op["k"] == "race" else [])
+        ):
+            retries[c["id"]] = c["r"]
+    return retries
+
+
+def _unstarted(o: RunOutcome) -> tuple[int, list[Violation]]:
+    """Body runs beyond the log's starts of their (step, attempt): how many (steps that
+    allow retries: the residual risk), and a violation for each ``max_retries=0`` one."""
+    started: dict[tuple[str, int], int] = {}
+    for e in o.log:
+        if isinstance(e.event, events.StepStarted) and e.correlation_id:
+            key = (e.correlation_id, e.event.attempt)
+            started[key] = started.get(key, 0) + 1
+    ran: dict[tuple[str, int], list[BodyRun]] = {}
+    for b in o.bodies:
+        ran.setdefault((b.step_id, b.attempt), []).append(b)
+    retries = _step_retries(o)
+    count = 0
+    out: list[Violation] = []
+    for key, runs in ran.items():
+        extra = len(runs) - started.get(key, 0)
+        if extra <= 0:
+            continue
+        op_id = runs[0].op_id
+        if retries.get(op_id) == 0:
+            out.append(
+                Violation(
+                    "unstarted_body",
+                    o.run_id,
+                    f"step {op_id} (max_retries=0) attempt {key[1]} ran {len(runs)} time(s) "
+                    f"with {started.get(key, 0)} start(s) in the log",
+                )
+            )
+        else:
+            count += extra
+    return count, out
+
+
+def residuals(o: RunOutcome) -> dict[str, int]:
+    """The residual risks one spec 9 run met (counted and reported, never failed)."""
+    count, _ = _unstarted(o)
+    return {"body_before_refused_start": count} if count else {}

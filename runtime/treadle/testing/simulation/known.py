@@ -48,6 +48,8 @@ def classify(v: Violation, report: Report) -> str:
             if "still ran" in d
             else "bug 3 (inline body never started)"
         )
+    if v.kind == "unstarted_body":
+        return "optimistic start of a max_retries=0 step (orchestrator.turbo)"
     if v.kind == "cancelled_body":
         return "bug 2 (error cancels running inline bodies)"
     if v.kind == "log" and "second outcome" in d:

@@ -18,7 +18,7 @@ import dataclasses
 import logging
 import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from treadle import clock, errors, settings
@@ -66,6 +66,11 @@ class Config:
     watchdog_seconds: float = 3.0
     # Run formats (``spec8.MODES``): "9" as the pinned seeds were found, "8", "mixed".
     spec: str = "9"
+    # Optimistic starts (issue 15 item 2), ``OPTIMISTIC``: "seed" draws the opt-in
+    # WORKFLOW_OPTIMISTIC_BACKGROUND_START per seed (``optimistic_mode``), turbo's early
+    # inline bodies at their default (on); "default" as shipped; "on" both on; "off" both
+    # off. ``simulate`` resolves "seed", so a report's replay names what the seed ran.
+    optimistic: str = "seed"
     # WORKFLOW_INLINE_OWNERSHIP (False: seed 000's kill switch) and its lease (virtual s).
     ownership: bool = True
     ownership_lease: float = workload8.LEASE_SECONDS
@@ -84,7 +89,26 @@ class Config:
             **SETTINGS,
             "WORKFLOW_INLINE_OWNERSHIP": self.ownership,
             "WORKFLOW_INLINE_OWNERSHIP_LEASE_SECONDS": self.ownership_lease,
+            **optimistic_settings(self.optimistic),
         }
+
+
+OPTIMISTIC = ("seed", "default", "on", "off")
+
+
+def optimistic_mode(mode: str, seed: int) -> str:
+    """``Config.optimistic`` for one seed: "seed" is drawn from its own stream, the opt-in
+    background start on for half the seeds ("on"), else "default"."""
+    if mode != "seed":
+        return mode
+    return "on" if random.Random(f"{seed}/optimistic").random() < 0.5 else "default"
+
+
+def optimistic_settings(mode: str) -> dict[str, Any]:
+    """The optimistic-start settings of ``mode`` ("seed" as "default" until drawn)."""
+    if mode == "off":
+        return {"WORKFLOW_OPTIMISTIC_INLINE_START": False}  # also wins over the background one
+    return {"WORKFLOW_OPTIMISTIC_BACKGROUND_START": mode == "on"}
 
 
 @dataclass
@@ -135,6 +159,8 @@ class Report:
         if c.processes != Config.processes:
             parts.append(f"--processes {c.processes}")
         parts.append(f"--spec {c.spec}")
+        if c.optimistic != Config.optimistic:
+            parts.append(f"--optimistic {c.optimistic}")
         if not c.ownership:
             parts.append("--no-ownership")
         if c.ownership_lease != Config.ownership_lease:
@@ -304,6 +330,7 @@ class Simulation:
 def simulate(seed: int, config: Config | None = None) -> Report:
     """Run one seed and check every invariant; never raises for a violation."""
     config = config or Config()
+    config = replace(config, optimistic=optimistic_mode(config.optimistic, seed))
     specs = spec8.formats(seed, config.spec, config.runs)
     plan = config.plan
     if plan is None:
@@ -353,6 +380,7 @@ def simulate(seed: int, config: Config | None = None) -> Report:
             report.spec8_notes.update(judged.notes)
         else:
             report.violations += invariants.check(o)
+            report.residuals.update(invariants.residuals(o))  # optimistic starts
         report.deliveries[o.run_id] = o.deliveries
         report.handoffs += o.handoffs
         report.trace.append(f"log {o.run_id} " + " ".join(f"{e.slot}:{e.type}" for e in o.log))
