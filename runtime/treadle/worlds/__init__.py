@@ -60,6 +60,8 @@ async def open_world(
             deployment_id=config.TREADLE_DEPLOYMENT_ID,
             tuning=tuning,
             statement_timeout_ms=config.TREADLE_DATABASE_STATEMENT_TIMEOUT_MS,
+            pool_size=config.TREADLE_DATABASE_POOL_SIZE,
+            stream_replicas=config.TREADLE_NATS_STREAM_REPLICAS,
             transport=Transport.from_settings(config),
         )
     from treadle.redaction import looks_secret, shown

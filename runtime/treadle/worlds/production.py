@@ -56,13 +56,17 @@ class PostgresNatsWorld:
         stream: str | None = None,
         subject_prefix: str | None = None,
         statement_timeout_ms: int | None = None,
+        pool_size: int | None = None,
+        stream_replicas: int = 1,
         transport: Transport | None = None,
     ) -> PostgresNatsWorld:
         """Open both halves; ``transport`` carries credentials and TLS (default: none beyond
-        the URLs). A server refusing them is ``WorldAuthFailed``, raised at once."""
+        the URLs). A server refusing them is ``WorldAuthFailed``, raised at once.
+        ``pool_size`` (``TREADLE_DATABASE_POOL_SIZE``) bounds the storage connections,
+        ``stream_replicas`` (``TREADLE_NATS_STREAM_REPLICAS``) the queue stream's copies."""
         from treadle.worlds.nats import NatsQueue, names
         from treadle.worlds.postgres import PostgresStorage
-        from treadle.worlds.postgres.database import STATEMENT_TIMEOUT_MS
+        from treadle.worlds.postgres.database import DEFAULT_POOL_SIZE, STATEMENT_TIMEOUT_MS
 
         if statement_timeout_ms is None:
             statement_timeout_ms = STATEMENT_TIMEOUT_MS
@@ -70,7 +74,10 @@ class PostgresNatsWorld:
         database_url = transport.postgres.dsn(database_url)
         try:
             storage = await PostgresStorage.connect(
-                database_url, check_schema=check_schema, statement_timeout_ms=statement_timeout_ms
+                database_url,
+                check_schema=check_schema,
+                statement_timeout_ms=statement_timeout_ms,
+                pool_size=DEFAULT_POOL_SIZE if pool_size is None else pool_size,
             )
         except OSError as exc:
             refusal = postgres_refusal(
@@ -88,6 +95,7 @@ class PostgresNatsWorld:
                 tuning=tuning,
                 stream=stream or names.DEFAULT_STREAM,
                 subject_prefix=subject_prefix or names.DEFAULT_SUBJECT_PREFIX,
+                replicas=stream_replicas,
                 transport=transport.nats,
             )
         except BaseException:

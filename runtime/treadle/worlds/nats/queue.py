@@ -140,7 +140,7 @@ class NatsQueue:
         try:
             jetstream.check_server_version(_server_version(nc))
             await jetstream.ensure_stream(nc, ns, replicas=replicas)
-            kv = await jetstream.ensure_lease_bucket(nc.jetstream(), ns, replicas=replicas)
+            kv = await jetstream.ensure_lease_bucket(nc.jetstream(), ns, replicas=replicas, nc=nc)
         except BaseException:
             await nc.close()
             raise
