@@ -36,7 +36,19 @@ SLOW_POLL_SECONDS = 0.25
 StartChain = Callable[[str, int], Awaitable[Any]]
 StartSleeper = Callable[[str, float], Awaitable[Any]]
 Read = Callable[[], scenarios.Marks]
-Fleet = Callable[[int], contextlib.AbstractAsyncContextManager[tuple[StartChain, Read]]]
+# What a fleet's costs are at a moment: counters whose change over a burst, per run, is
+# reported (``cpu_s`` of the worker processes, ``xids`` and ``wal_bytes`` of the Postgres
+# server, ``stream_msgs`` of the NATS stream).
+Costs = Callable[[], Awaitable[dict[str, float]]]
+Fleet = Callable[
+    [int], contextlib.AbstractAsyncContextManager[tuple[StartChain, Read, Costs | None]]
+]
+COST_METRICS = {
+    "cpu_s": ("worker_cpu_ms_per_run", 1000.0),
+    "xids": ("pg_write_xacts_per_run", 1.0),
+    "wal_bytes": ("pg_wal_kib_per_run", 1 / 1024),
+    "stream_msgs": ("nats_msgs_per_run", 1.0),
+}
 
 
 def rss_mib(pid: int) -> float:
@@ -64,11 +76,44 @@ async def workers(fleet: Fleet, spec: dict[str, Any]) -> scenarios.Metrics:
     """Throughput at each worker-process count: ``runs_per_s@<k>step@<n>w``."""
     out: scenarios.Metrics = {}
     for count in spec["counts"]:
-        async with fleet(count) as (start, read):
-            burst = {"one": spec["one"], "ten": spec["ten"], "starters": spec["starters"]}
-            for name, values in (await scenarios.throughput(start, read, burst)).items():
-                out[f"{name}@{count}w"] = values
+        async with fleet(count) as (start, read, costs):
+            for steps, runs in ((1, spec["one"]), (10, spec["ten"])):
+                before = await costs() if costs else {}
+                rate = await scenarios._burst(start, read, steps, runs, spec["starters"])
+                out[f"runs_per_s@{steps}step@{count}w"] = [rate]
+                out[f"steps_per_s@{steps}step@{count}w"] = [rate * steps]
+                if costs is None:
+                    continue
+                after = await costs()
+                for key, (name, unit) in COST_METRICS.items():
+                    if key in after:
+                        per_run = (after[key] - before[key]) / runs * unit
+                        out[f"{name}@{steps}step@{count}w"] = [per_run]
     return out
+
+
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU time process ``pid`` has used (``/proc/<pid>/stat``)."""
+    import os
+
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def postgres_costs(dsn: str) -> dict[str, float]:
+    """The server's next transaction id (write transactions so far) and WAL position."""
+    import asyncpg
+
+    conn = await asyncpg.connect(dsn)
+    try:
+        row = await conn.fetchrow(
+            "SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS xid, "
+            "pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint AS wal"
+        )
+    finally:
+        await conn.close()
+    assert row is not None
+    return {"xids": float(row["xid"]), "wal_bytes": float(row["wal"])}
 
 
 def _chunks(total: int, parts: int) -> list[int]:

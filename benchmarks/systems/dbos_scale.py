@@ -24,7 +24,7 @@ from benchmarks.systems.dbos_bench import Processes, _client, _options
 @contextlib.asynccontextmanager
 async def _fleet(
     params: dict[str, Any], count: int, tag: str
-) -> AsyncIterator[tuple[list[Worker], Any, Path]]:
+) -> AsyncIterator[tuple[list[Worker], Any, Path, str]]:
     url = await servers.fresh_database(params["pg_admin_dsn"], "dbos")
     workdir = Path(params["workdir"])
     probe_file = workdir / f"{tag}.marks"
@@ -32,7 +32,7 @@ async def _fleet(
     workers = [await processes.start(f"{tag}-{i}") for i in range(count)]
     client = await _client(url)
     try:
-        yield workers, client, probe_file
+        yield workers, client, probe_file, url
     finally:
         client.destroy()
         for worker in workers:
@@ -48,20 +48,28 @@ def _enqueue(client: Any, workflow: str) -> Any:
 
 async def _workers(params: dict[str, Any]) -> scenarios.Metrics:
     @contextlib.asynccontextmanager
-    async def fleet(count: int) -> AsyncIterator[tuple[scale.StartChain, scale.Read]]:
-        async with _fleet(params, count, f"w{count}") as (_, client, marks):
-            yield _enqueue(client, "chain"), lambda: probe.read_file(marks)
+    async def fleet(
+        count: int,
+    ) -> AsyncIterator[tuple[scale.StartChain, scale.Read, scale.Costs]]:
+        async with _fleet(params, count, f"w{count}") as (running, client, marks, url):
+
+            async def costs() -> dict[str, float]:
+                out = await scale.postgres_costs(url)
+                out["cpu_s"] = sum(scale.cpu_seconds(w.pid) for w in running)
+                return out
+
+            yield _enqueue(client, "chain"), lambda: probe.read_file(marks), costs
 
     return await scale.workers(fleet, params["workers_scale"])
 
 
 async def _memory(params: dict[str, Any]) -> scenarios.Metrics:
     spec = params["memory"]
-    async with _fleet(params, 1, "msleep") as ((worker,), client, marks):
+    async with _fleet(params, 1, "msleep") as ((worker,), client, marks, _):
         out = await scale.memory_sleeping(
             _enqueue(client, "sleeper"), lambda: probe.read_file(marks), worker.pid, spec
         )
-    async with _fleet(params, 1, "mruns") as ((worker,), client, marks):
+    async with _fleet(params, 1, "mruns") as ((worker,), client, marks, _):
         out |= await scale.memory_runs(
             _enqueue(client, "chain"), lambda: probe.read_file(marks), worker.pid, spec
         )
@@ -69,7 +77,7 @@ async def _memory(params: dict[str, Any]) -> scenarios.Metrics:
 
 
 async def _sleepers(params: dict[str, Any]) -> scenarios.Metrics:
-    async with _fleet(params, params["workers"], "sleep") as (_, client, marks):
+    async with _fleet(params, params["workers"], "sleep") as (_, client, marks, _url):
         return await scale.sleepers(
             _enqueue(client, "sleeper"), lambda: probe.read_file(marks), params["sleepers"]
         )

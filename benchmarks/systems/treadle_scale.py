@@ -64,11 +64,37 @@ def _sleepers(driver: Driver) -> scale.StartSleeper:
 
 async def _workers(params: dict[str, Any]) -> scenarios.Metrics:
     @contextlib.asynccontextmanager
-    async def fleet(count: int) -> AsyncIterator[tuple[scale.StartChain, scale.Read]]:
-        async with _fleet(params, count, f"w{count}") as (_, _running, driver, marks):
-            yield _chains(driver), lambda: probe.read_file(marks)
+    async def fleet(
+        count: int,
+    ) -> AsyncIterator[tuple[scale.StartChain, scale.Read, scale.Costs]]:
+        async with _fleet(params, count, f"w{count}") as (_, running, driver, marks):
+
+            async def costs() -> dict[str, float]:
+                out = await scale.postgres_costs(os.environ["TREADLE_DATABASE_URL"])
+                out["cpu_s"] = sum(scale.cpu_seconds(w.pid) for w in running)
+                out["stream_msgs"] = await _stream_messages(params["nats_url"])
+                return out
+
+            yield _chains(driver), lambda: probe.read_file(marks), costs
 
     return await scale.workers(fleet, params["workers_scale"])
+
+
+async def _stream_messages(url: str) -> float:
+    """Messages ever stored in the queue's stream (its last sequence number)."""
+    import json
+
+    from nats.aio.client import Client
+
+    from treadle.worlds.nats import names
+
+    nc = Client()
+    await nc.connect(url)
+    try:
+        reply = await nc.request(f"$JS.API.STREAM.INFO.{names.DEFAULT_STREAM}", b"", timeout=5)
+    finally:
+        await nc.close()
+    return float(json.loads(reply.data)["state"]["last_seq"])
 
 
 async def _memory(params: dict[str, Any]) -> scenarios.Metrics:
