@@ -183,8 +183,9 @@ class Settings(BaseSettings):
         ge=1,
         le=5,
         description="Replicas of the NATS queue's stream and run lease bucket (at most the "
-        "JetStream cluster's size; 3 survives a server loss). An existing stream with "
-        "another count is updated in place, with a warning.",
+        "JetStream cluster's size; 3 survives a server loss). Where set, an existing "
+        "stream with another count is updated in place, with a warning; where unset, a "
+        "new stream gets 1 and an existing one keeps its count.",
     )
     TREADLE_DATABASE_POOL_SIZE: int = Field(
         default=10,

@@ -39,7 +39,7 @@ async def _replicas(url: str, stream: str) -> int:
     return int(info["config"]["num_replicas"])
 
 
-async def _connect(harness: NatsHarness, url: str, replicas: int) -> NatsQueue:
+async def _connect(harness: NatsHarness, url: str, replicas: int | None) -> NatsQueue:
     return await NatsQueue.connect(
         url, deployment_id="replicas", stream=harness.stream, subject_prefix=harness.prefix,
         replicas=replicas,
@@ -47,7 +47,11 @@ async def _connect(harness: NatsHarness, url: str, replicas: int) -> NatsQueue:
 
 
 def test_the_setting_defaults_to_one_and_refuses_zero() -> None:
+    """``open_world`` passes the count on only where it is set (``model_fields_set``)."""
     assert settings.load({}).TREADLE_NATS_STREAM_REPLICAS == 1
+    assert "TREADLE_NATS_STREAM_REPLICAS" not in settings.load({}).model_fields_set
+    chosen = settings.load({"TREADLE_NATS_STREAM_REPLICAS": "1"})
+    assert "TREADLE_NATS_STREAM_REPLICAS" in chosen.model_fields_set
     assert settings.load({"TREADLE_NATS_STREAM_REPLICAS": "3"}).TREADLE_NATS_STREAM_REPLICAS == 3
     with pytest.raises(errors.SettingsError, match="TREADLE_NATS_STREAM_REPLICAS='0'"):
         settings.load({"TREADLE_NATS_STREAM_REPLICAS": "0"})
@@ -98,7 +102,8 @@ async def test_a_cluster_stream_is_created_with_the_setting_and_updated_when_it_
     cluster_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Replicas 3 on a three-server cluster; then an existing stream and bucket made with 1
-    replica are brought to 3 in place (a warning names both counts), and back to 1."""
+    replica are brought to 3 in place (a warning names both counts); a process without
+    the setting keeps them at 3, silently; set to 1, they go back to 1."""
     created = NatsHarness(cluster_url)
     queue = await _connect(created, cluster_url, 3)
     await queue.close()
@@ -122,9 +127,24 @@ async def test_a_cluster_stream_is_created_with_the_setting_and_updated_when_it_
         "updating it in place" in warnings
     )
     assert any(w.startswith(f"stream KV_{queue.names.lease_bucket} has 1") for w in warnings)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="treadle.worlds.nats"):
+        queue = await _connect(grown, cluster_url, None)  # the setting unset: kept as it is
+    await queue.close()
+    assert await _replicas(cluster_url, grown.stream) == 3
+    assert await _replicas(cluster_url, f"KV_{queue.names.lease_bucket}") == 3
+    assert not [r for r in caplog.records if r.levelno == logging.WARNING]
     queue = await _connect(grown, cluster_url, 1)
     await queue.close()
     assert await _replicas(cluster_url, grown.stream) == 1
+
+
+async def test_without_the_setting_a_new_stream_gets_one_replica(cluster_url: str) -> None:
+    harness = NatsHarness(cluster_url)
+    queue = await _connect(harness, cluster_url, None)
+    await queue.close()
+    assert await _replicas(cluster_url, harness.stream) == 1
+    assert await _replicas(cluster_url, f"KV_{queue.names.lease_bucket}") == 1
 
 
 async def test_more_replicas_than_the_cluster_has_is_a_clear_error(cluster_url: str) -> None:

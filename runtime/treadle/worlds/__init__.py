@@ -61,7 +61,10 @@ async def open_world(
             tuning=tuning,
             statement_timeout_ms=config.TREADLE_DATABASE_STATEMENT_TIMEOUT_MS,
             pool_size=config.TREADLE_DATABASE_POOL_SIZE,
-            stream_replicas=config.TREADLE_NATS_STREAM_REPLICAS,
+            # Only where it is set: a process without it never moves an existing stream.
+            stream_replicas=config.TREADLE_NATS_STREAM_REPLICAS
+            if "TREADLE_NATS_STREAM_REPLICAS" in config.model_fields_set
+            else None,
             transport=Transport.from_settings(config),
         )
     from treadle.redaction import looks_secret, shown

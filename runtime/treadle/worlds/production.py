@@ -57,13 +57,14 @@ class PostgresNatsWorld:
         subject_prefix: str | None = None,
         statement_timeout_ms: int | None = None,
         pool_size: int | None = None,
-        stream_replicas: int = 1,
+        stream_replicas: int | None = None,
         transport: Transport | None = None,
     ) -> PostgresNatsWorld:
         """Open both halves; ``transport`` carries credentials and TLS (default: none beyond
         the URLs). A server refusing them is ``WorldAuthFailed``, raised at once.
         ``pool_size`` (``TREADLE_DATABASE_POOL_SIZE``) bounds the storage connections,
-        ``stream_replicas`` (``TREADLE_NATS_STREAM_REPLICAS``) the queue stream's copies."""
+        ``stream_replicas`` (``TREADLE_NATS_STREAM_REPLICAS``) the queue stream's copies
+        (None: a new stream gets 1, an existing one keeps its count)."""
         from treadle.worlds.nats import NatsQueue, names
         from treadle.worlds.postgres import PostgresStorage
         from treadle.worlds.postgres.database import DEFAULT_POOL_SIZE, STATEMENT_TIMEOUT_MS

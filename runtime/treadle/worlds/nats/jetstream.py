@@ -8,12 +8,14 @@ updated to the current lease. The stream and consumer configs go through the
 raw JetStream API, since nats-py's ``StreamConfig`` may not carry
 ``allow_msg_schedules``.
 
-Replicas (``TREADLE_NATS_STREAM_REPLICAS``, issue 15 item 6) are declarative: an
-existing stream or lease bucket with another replica count is updated to the
-setting in place, with a warning naming both counts (JetStream grows or shrinks
-a stream's raft group online, so scaling a cluster up needs no manual edit); a
-count the server cannot serve (more than its cluster's size, or above 1 on a
-server without clustering) is ``StorageUnavailable`` naming the setting.
+Replicas (``TREADLE_NATS_STREAM_REPLICAS``, issue 15 item 6): where the setting is
+set, an existing stream or lease bucket with another replica count is updated to
+it in place, with a warning naming both counts (JetStream grows or shrinks a
+stream's raft group online, so scaling a cluster up needs no manual edit); where
+it is not set (a CLI, a client, the operator) a new stream gets one replica and an
+existing one keeps its count. A count the server cannot serve (more than its
+cluster's size, or above 1 on a server without clustering) is
+``StorageUnavailable`` naming the setting.
 """
 
 from __future__ import annotations
@@ -92,14 +94,18 @@ async def api_request(nc: Client, subject: str, body: dict[str, Any]) -> dict[st
     return response
 
 
-async def ensure_stream(nc: Client, ns: names.Names, *, replicas: int) -> None:
-    """Create the stream, or widen an existing one to what the queue needs."""
+async def ensure_stream(nc: Client, ns: names.Names, *, replicas: int | None) -> int:
+    """Create the stream, or widen an existing one to what the queue needs; its replicas.
+
+    ``replicas`` None (the setting not set) creates a stream of one replica and keeps an
+    existing stream's count, so a process without the setting never moves it.
+    """
     wanted: dict[str, Any] = {
         "name": ns.stream,
         "subjects": ns.stream_subjects,
         "retention": "workqueue",
         "storage": "file",
-        "num_replicas": replicas,
+        "num_replicas": 1 if replicas is None else replicas,
         "discard": "old",
         "max_msgs": -1,
         "max_bytes": -1,
@@ -112,7 +118,7 @@ async def ensure_stream(nc: Client, ns: names.Names, *, replicas: int) -> None:
         response = await api_request(nc, f"{prefix}.CREATE.{ns.stream}", wanted)
     except ApiError as exc:
         if exc.err_code in _REPLICAS_REFUSED:
-            raise _replicas_refused(ns.stream, replicas, exc) from exc
+            raise _replicas_refused(ns.stream, wanted["num_replicas"], exc) from exc
         if exc.err_code != _STREAM_NAME_EXISTS:
             raise errors.StorageUnavailable(f"cannot create stream {ns.stream}: {exc}") from exc
         info = await api_request(nc, f"{prefix}.INFO.{ns.stream}", {})
@@ -128,15 +134,17 @@ async def ensure_stream(nc: Client, ns: names.Names, *, replicas: int) -> None:
             int(config.get("duplicate_window", 0)), DUPLICATE_WINDOW_NS
         )
         widened["allow_msg_schedules"] = True
-        widened["num_replicas"] = replicas
-        _warn_replicas(ns.stream, config, replicas)
+        if replicas is not None:
+            widened["num_replicas"] = replicas
+            _warn_replicas(ns.stream, config, replicas)
         response = info
         if widened != config:
             try:
                 response = await api_request(nc, f"{prefix}.UPDATE.{ns.stream}", widened)
             except ApiError as update_exc:
                 if update_exc.err_code in _REPLICAS_REFUSED:
-                    raise _replicas_refused(ns.stream, replicas, update_exc) from update_exc
+                    count = int(widened.get("num_replicas") or 1)
+                    raise _replicas_refused(ns.stream, count, update_exc) from update_exc
                 raise errors.StorageUnavailable(
                     f"cannot update stream {ns.stream}: {update_exc}"
                 ) from update_exc
@@ -145,6 +153,7 @@ async def ensure_stream(nc: Client, ns: names.Names, *, replicas: int) -> None:
             f"stream {ns.stream} does not allow message schedules; "
             "treadle's queue needs nats-server 2.12 or later"
         )
+    return int(response["config"].get("num_replicas") or 1)
 
 
 def _warn_replicas(stream: str, config: dict[str, Any], replicas: int) -> None:
