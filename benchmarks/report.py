@@ -313,6 +313,7 @@ def chart(path: Path, results: Results) -> str | None:
         ax.set_yscale("log")
     for ax in (right, history):
         ax.set_xscale("log")
+    lateness.set_yscale("symlog", linthresh=10)
     history.set_ylim(bottom=0)
     scaling.set_ylim(bottom=0)
     scaling.xaxis.get_major_locator().set_params(integer=True)
