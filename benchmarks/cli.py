@@ -47,7 +47,8 @@ def build_parser() -> Parser:
     parser = Parser(
         prog="python -m benchmarks",
         description="treadle against DBOS and the Vercel Workflow Python SDK: TTFS, STSO, "
-        "fan-out, throughput and recovery, each in a fresh process.",
+        "fan-out, throughput and recovery, and the scale scenarios (workers, memory, "
+        "sleepers, history), each in a fresh process.",
     )
     parser.add_argument("--quick", action="store_true", help="tiny sizes, 1 repeat, treadle only")
     parser.add_argument(
@@ -72,6 +73,12 @@ def build_parser() -> Parser:
         "--pg-fast",
         action="store_true",
         help="run PostgreSQL with fsync and synchronous_commit off (default: durable settings)",
+    )
+    parser.add_argument(
+        "--scale-full",
+        action="store_true",
+        help="the scale scenarios at the issue's sizes where the suite runs smaller ones "
+        "(the orchestrator's RSS after 100,000 runs): adds about 30 minutes",
     )
     parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="where results go")
     parser.add_argument(
@@ -104,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         worlds=args.worlds,
         scenarios=args.scenarios,
         repeats=args.repeats,
+        scale_full=args.scale_full,
     )
     if not suite.jobs:
         parser.error("nothing to run: no chosen system runs on the chosen worlds")
@@ -143,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     png_path = args.out / f"{stamp}.png"
     settings = {
         "postgres": "fast (fsync off)" if args.pg_fast else "durable (defaults)",
-        "plan": {k: v for k, v in (plan.QUICK if args.quick else plan.FULL).items()},
+        "plan": {k: v for k, v in (plan.QUICK if args.quick else plan.FULL).items()}
+        | (plan.SCALE_FULL if args.scale_full else {}),
     }
     report.write_json(
         json_path, results, started=started_at, seconds=elapsed, mode=mode,

@@ -11,7 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-SCENARIOS = ("ttfs", "stso", "fanout", "throughput", "recovery")
+SCENARIOS = (
+    "ttfs", "stso", "fanout", "throughput", "recovery",
+    # Issue 15 item 5: scale, not only speed (benchmarks.scale).
+    "workers", "memory", "sleepers", "history",
+)  # fmt: skip
 SYSTEMS = ("treadle", "dbos", "vercel")
 # Where each system runs: treadle on both Worlds; DBOS on the same Postgres; Vercel locally.
 WORLDS = {"treadle": ("local", "postgres"), "dbos": ("postgres",), "vercel": ("local",)}
@@ -41,7 +45,10 @@ class Plan:
 
 FULL: dict[str, Any] = {
     # Sized so the whole suite (three systems) ends within 15 minutes on 2 cores.
-    "repeats": {"ttfs": 3, "stso": 2, "fanout": 3, "throughput": 2, "recovery": 1},
+    "repeats": {
+        **{"ttfs": 3, "stso": 2, "fanout": 3, "throughput": 2, "recovery": 1},
+        **{"workers": 1, "memory": 1, "sleepers": 1, "history": 1},
+    },
     "warmup": 3,
     "samples": 20,
     "sizes": [250, 1000, 2000],
@@ -51,6 +58,12 @@ FULL: dict[str, Any] = {
     # treadle runs with the default lease (30 s) and liveness (3 s): what a user gets.
     "recovery": {"kills": 3, "vercel_wait_seconds": 20.0},
     "workers": 2,
+    # The scale scenarios (benchmarks.scale); SCALE_CAPS says what is smaller than the
+    # issue's sizes and why.
+    "workers_scale": {"counts": [1, 2, 4], "one": 500, "ten": 100, "starters": 8},
+    "memory": {"sleeping": 10_000, "runs": 5000, "chunks": 5, "starters": 8},
+    "sleepers": {"count": 10_000, "rate": 150, "delay_seconds": 75.0, "starters": 16},
+    "history": {"events": [100, 1000, 10_000], "waits": 5, "settle_seconds": 0.05},
 }
 
 QUICK: dict[str, Any] = {
@@ -63,7 +76,23 @@ QUICK: dict[str, Any] = {
     "throughput": {"one": 20, "ten": 5, "starters": 2},
     "recovery": {"kills": 1, "vercel_wait_seconds": 5.0},
     "workers": 2,
+    "workers_scale": {"counts": [1, 2], "one": 20, "ten": 5, "starters": 2},
+    "memory": {"sleeping": 1000, "runs": 5000, "chunks": 5, "starters": 8},
+    "sleepers": {"count": 100, "rate": 50, "delay_seconds": 4.0, "starters": 8},
+    "history": {"events": [20, 100], "waits": 2, "settle_seconds": 0.05},
 }
+
+# The issue's sizes where the full suite runs smaller ones, with the reason printed
+# (``--scale-full`` runs these instead).
+SCALE_FULL: dict[str, Any] = {
+    "memory": {**FULL["memory"], "runs": 100_000},
+}
+SCALE_CAPS = [
+    "orchestrator RSS after 5,000 one-step runs, not 100,000: one worker process runs "
+    "50 to 100 a second here, so 100,000 would take 17 to 35 minutes per system; the "
+    "growth per 1,000 runs (from the first 1,000 to the last) is reported, and "
+    "--scale-full runs 100,000",
+]
 
 # Sizes a peer runs instead of treadle's, with the reason the report prints.
 PEER_CAPS: dict[str, dict[str, Any]] = {
@@ -98,7 +127,31 @@ PEER_CAPS: dict[str, dict[str, Any]] = {
     },
 }
 
-TIMEOUT_SECONDS = {"ttfs": 120, "stso": 420, "fanout": 300, "throughput": 300, "recovery": 240}
+# Where the scale scenarios run (the others run on every system and World).
+SCALE_ON_POSTGRES = ("workers", "memory", "sleepers")
+SCALE_SYSTEMS = ("treadle", "dbos")
+SCALE_SKIPS = {
+    "vercel": "Vercel runs no scale scenario: its local World keeps the queue in one "
+    "process's memory (no worker processes to add) and its time per step grows with "
+    "the history (see its STSO cap), so 10,000 runs or events cannot fit",
+    "local": "treadle's local World runs only the history scale scenario: it serves one "
+    "process, and the workers, memory and sleepers scenarios measure worker processes",
+}
+
+
+def runs_here(system: str, world: str, scenario: str) -> bool:
+    """Whether the plan schedules ``scenario`` of ``system`` on ``world``."""
+    if scenario not in ("workers", "memory", "sleepers", "history"):
+        return True
+    if system not in SCALE_SYSTEMS:
+        return False
+    return world == "postgres" or scenario not in SCALE_ON_POSTGRES
+
+
+TIMEOUT_SECONDS = {
+    "ttfs": 120, "stso": 420, "fanout": 300, "throughput": 300, "recovery": 240,
+    "workers": 600, "memory": 1200, "sleepers": 900, "history": 600,
+}  # fmt: skip
 
 
 def build(
@@ -108,9 +161,14 @@ def build(
     worlds: tuple[str, ...],
     scenarios: tuple[str, ...],
     repeats: int | None,
+    scale_full: bool = False,
 ) -> Plan:
     base = QUICK if quick else FULL
     plan = Plan(jobs=[])
+    if scale_full:
+        base = {**base, **SCALE_FULL}
+    elif not quick and any(s in scenarios for s in SCALE_FULL):
+        plan.caps.extend(SCALE_CAPS)
     for system in systems:
         params = dict(base)
         if not quick:
@@ -121,6 +179,11 @@ def build(
             if world not in worlds:
                 continue
             for scenario in scenarios:
+                if not runs_here(system, world, scenario):
+                    skip = SCALE_SKIPS["vercel" if system == "vercel" else "local"]
+                    if skip not in plan.caps:
+                        plan.caps.append(skip)
+                    continue
                 count = repeats or params["repeats"][scenario]
                 for repeat in range(count):
                     job_params = {k: v for k, v in params.items() if k != "repeats"}
@@ -131,7 +194,8 @@ def build(
                             scenario=scenario,
                             repeat=repeat,
                             params={**job_params, "world": world},
-                            timeout=TIMEOUT_SECONDS[scenario] * (0.5 if quick else 1),
+                            timeout=TIMEOUT_SECONDS[scenario]
+                            * (0.5 if quick else 10 if scale_full else 1),
                         )
                     )
     return plan

@@ -22,7 +22,8 @@ FANOUT_LINES = (("first", ":", "v"), ("last", "-", "o"), ("join", "--", "s"))
 COLORS = dict(zip(COLUMNS, ("tab:green", "tab:blue", "tab:orange", "tab:red"), strict=True))
 METRIC_ORDER = (
     "ttfs", "stso_gap_ms", "ms_per_step@", "fanout", "runs_per_s@", "steps_per_s@",
-    "recovery",
+    "recovery", "worker_rss", "orchestrator_rss", "wake_late", "woke_within",
+    "sleeping_at_once", "delivery_ms@", "log_events@",
 )  # fmt: skip
 
 
@@ -242,7 +243,9 @@ def write_json(
 
 
 def chart(path: Path, results: Results) -> str | None:
-    """Draw STSO ms/step against steps and fan-out times against branches; why not, if not."""
+    """Draw STSO ms/step against steps, fan-out times against branches, and the scale
+    scenarios (runs/s against workers, ms per delivery against events, RSS, lateness);
+    why not, if not."""
     try:
         import matplotlib
     except ModuleNotFoundError:
@@ -251,41 +254,92 @@ def chart(path: Path, results: Results) -> str | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5))
+    fig, axes = plt.subplots(2, 3, figsize=(18, 9.5))
+    (left, right, scaling), (history, memory, lateness) = axes
     drawn = False
+    bars: dict[str, dict[str, float]] = {"memory": {}, "lateness": {}}
     for (system, world, scenario), outcome in sorted(results.items()):
         name = f"{system} {world}"
         color = COLORS.get((system, world))
+        p50 = {k: stats.percentile(v, 0.5) for k, v in outcome.metrics.items() if v}
         if scenario == "stso":
-            points = sorted(
-                (int(k.split("@")[1]), stats.percentile(v, 0.5))
-                for k, v in outcome.metrics.items()
-                if k.startswith("ms_per_step@")
-            )
+            points = sorted((int(k.split("@")[1]), v) for k, v in p50.items()
+                            if k.startswith("ms_per_step@"))  # fmt: skip
             if points:
                 left.plot(*zip(*points, strict=True), marker="o", color=color, label=name)
                 drawn = True
         if scenario == "fanout":
             for part, style, marker in FANOUT_LINES:
-                points = sorted(
-                    (int(re.findall(r"\d+", k)[0]), stats.percentile(v, 0.5))
-                    for k, v in outcome.metrics.items()
-                    if k.endswith(f"_{part}_ms")
-                )
+                points = sorted((int(re.findall(r"\d+", k)[0]), v) for k, v in p50.items()
+                                if k.endswith(f"_{part}_ms"))  # fmt: skip
                 if points:
                     right.plot(*zip(*points, strict=True), style, marker=marker, color=color,
                                label=f"{name} {part}")  # fmt: skip
                     drawn = True
+        if scenario == "workers":
+            for steps, style in ((1, "-"), (10, "--")):
+                points = sorted((int(k.rsplit("@", 1)[1].rstrip("w")), v) for k, v in p50.items()
+                                if k.startswith(f"runs_per_s@{steps}step@"))  # fmt: skip
+                if points:
+                    scaling.plot(*zip(*points, strict=True), style, marker="o", color=color,
+                                 label=f"{name} {steps}-step")  # fmt: skip
+                    drawn = True
+        if scenario == "history":
+            points = sorted((int(re.findall(r"\d+", k)[0]), v) for k, v in p50.items()
+                            if k.startswith("delivery_ms@"))  # fmt: skip
+            if points:
+                history.plot(*zip(*points, strict=True), marker="o", color=color, label=name)
+                drawn = True
+        if scenario == "memory":
+            for k, v in p50.items():
+                if "_rss_mib@" in k:
+                    bars["memory"][f"{name}|{k.replace('_rss_mib@', ' @')}"] = v
+        if scenario == "sleepers":
+            for k, v in p50.items():
+                if k.startswith("wake_late_"):
+                    bars["lateness"][f"{name}|{k[len('wake_late_') : -len('_ms')]}"] = v
+    drawn = _bars(memory, bars["memory"]) or drawn
+    drawn = _bars(lateness, bars["lateness"]) or drawn
     left.set(title="STSO: ms per sequential step (p50)", xlabel="steps", ylabel="ms / step")
     right.set(title="Fan-out: to first, last branch start and join (p50)", xlabel="branches",
               ylabel="ms")  # fmt: skip
-    for axes in (left, right):
-        axes.set_yscale("log")
-        axes.grid(True, which="both", alpha=0.3)
-        axes.legend(fontsize=7)
-    right.set_xscale("log")
+    scaling.set(title="Throughput against worker processes (Postgres)", xlabel="worker processes",
+                ylabel="runs / s")  # fmt: skip
+    history.set(title="One delivery against the run's log (p50)", xlabel="events in the log",
+                ylabel="ms per delivery")  # fmt: skip
+    memory.set(title="RSS of one worker process (MiB)", ylabel="MiB")
+    lateness.set(title="Sleeping runs: first step after the sleep, late by (ms)", ylabel="ms")
+    for ax in (left, right):
+        ax.set_yscale("log")
+    for ax in (right, history):
+        ax.set_xscale("log")
+    lateness.set_yscale("symlog", linthresh=10)
+    history.set_ylim(bottom=0)
+    scaling.set_ylim(bottom=0)
+    scaling.xaxis.get_major_locator().set_params(integer=True)
+    for ax in (left, right, scaling, history, memory, lateness):
+        ax.grid(True, which="both", alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
     fig.tight_layout()
     if drawn:
-        fig.savefig(path, dpi=110)
+        fig.savefig(path, dpi=100)
     plt.close(fig)
-    return None if drawn else "no chart: no STSO or fan-out results"
+    return None if drawn else "no chart: no results to draw"
+
+
+def _bars(ax: Any, values: dict[str, float]) -> bool:
+    """Grouped bars: one group per measure (after ``|``), one bar per system and World."""
+    if not values:
+        return False
+    systems = sorted({k.split("|")[0] for k in values})
+    measures = list(dict.fromkeys(k.split("|")[1] for k in values))  # in the order measured
+    width = 0.8 / len(systems)
+    for i, system in enumerate(systems):
+        xs = [m + i * width for m in range(len(measures))]
+        ys = [values.get(f"{system}|{m}", math.nan) for m in measures]
+        color = COLORS.get(tuple(system.split(" ")))  # type: ignore[arg-type]
+        ax.bar(xs, ys, width, label=system, color=color)
+    ax.set_xticks([m + 0.4 - width / 2 for m in range(len(measures))])
+    ax.set_xticklabels(measures, fontsize=7, rotation=15)
+    return True

@@ -55,3 +55,37 @@ async def crash_chain(step: Step, hang_step: Step, key: str, n: int, hang_at: in
         await (hang_step if i == hang_at else step)(key, i)
     probe.end(key)
     return n
+
+
+# The scale scenarios' shapes (issue 15 item 5; ``benchmarks.scale``). ``sleep_until`` and
+# ``wait`` are the system's durable sleep (until a Unix time) and its wait for a message
+# sent from outside (treadle: a hook; DBOS: ``recv``).
+SleepUntil = Callable[[float], Awaitable[None]]
+Wait = Callable[[str], Awaitable[object]]
+ASLEEP = "asleep"
+
+
+async def sleeper(step: Step, sleep_until: SleepUntil, key: str, due: float) -> int:
+    """Mark, sleep durably until ``due`` (Unix seconds), then one step (its start is the wake)."""
+    probe.mark(key, ASLEEP)
+    await sleep_until(due)
+    await step(key, 0)
+    probe.end(key)
+    return 1
+
+
+def waiting_label(j: int) -> str:
+    return f"w{j}"
+
+
+async def history(step: Step, wait: Wait, key: str, n: int, waits: int) -> int:
+    """n sequential steps (a log of about 2n events), then ``waits`` times: wait for a
+    message from outside, one step (its start ends that delivery)."""
+    for i in range(n):
+        await step(key, i)
+    for j in range(waits):
+        probe.mark(key, waiting_label(j))
+        await wait(f"{key}-{j}")
+        await step(key, n + j)
+    probe.end(key)
+    return n + waits

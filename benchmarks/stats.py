@@ -21,12 +21,19 @@ def summary(values: list[float]) -> dict[str, float | int]:
 
 
 def higher_is_better(metric: str) -> bool:
-    """Rates (``runs_per_s@...``, ``steps_per_s@...``); every other metric is a time."""
-    return metric.startswith(("runs_per_s@", "steps_per_s@"))
+    """Rates (``runs_per_s@...``, ``steps_per_s@...``) and the share of runs woken in
+    time; every other metric is a time or a size (lower is better)."""
+    return metric.startswith(("runs_per_s@", "steps_per_s@", "woke_within_1s_pct"))
+
+
+# Figures that describe the setup, not how well a system did: no ratio.
+NOT_COMPARED = ("sleeping_at_once", "log_events@")
 
 
 def advantage(metric: str, treadle: float, peer: float) -> float:
     """How many times better treadle is (above 1: treadle wins), whatever the metric's sense."""
+    if metric.startswith(NOT_COMPARED):
+        return math.nan
     if treadle <= 0 or peer <= 0 or math.isnan(treadle) or math.isnan(peer):
         return math.nan
     return treadle / peer if higher_is_better(metric) else peer / treadle

@@ -12,6 +12,7 @@ import asyncio
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -51,10 +52,30 @@ async def crash_chain(key: str, n: int, hang_at: int) -> int:
     return await shapes.crash_chain(noop, hang_once, key, n, hang_at)
 
 
+async def _sleep_until(due: float) -> None:
+    await DBOS.sleep_async(max(due - time.time(), 0.0))
+
+
+async def _wait(topic: str) -> object:
+    return await DBOS.recv_async(topic, timeout_seconds=600)
+
+
+@DBOS.workflow()
+async def sleeper(key: str, due: float) -> int:
+    return await shapes.sleeper(noop, _sleep_until, key, due)
+
+
+@DBOS.workflow()
+async def history(key: str, n: int, waits: int) -> int:
+    return await shapes.history(noop, _wait, key, n, waits)
+
+
 WORKFLOWS: dict[str, Callable[..., Coroutine[Any, Any, int]]] = {
     "chain": chain,
     "fanout": fanout,
     "crash_chain": crash_chain,
+    "sleeper": sleeper,
+    "history": history,
 }
 
 

@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from benchmarks import probe, scenarios, servers
+from benchmarks import probe, scale, scenarios, servers
 from benchmarks.processes import Worker, python
 from benchmarks.systems import Unsupported, dbos_app
 
@@ -139,6 +139,10 @@ async def _recovery(url: str, params: dict[str, Any]) -> scenarios.Metrics:
 
 
 async def run(scenario: str, params: dict[str, Any]) -> dict[str, Any]:
+    if scenario in scale.SCENARIOS:  # issue 15 item 5: benchmarks.systems.dbos_scale
+        from benchmarks.systems import dbos_scale
+
+        return await dbos_scale.run(scenario, params)
     url = await servers.fresh_database(params["pg_admin_dsn"], "dbos")
     notes: list[str] = []
     if scenario in ("ttfs", "stso", "fanout"):

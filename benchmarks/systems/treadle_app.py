@@ -7,8 +7,10 @@ The World is the one ``TREADLE_WORLD`` names, set by the child before the app op
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 from benchmarks import shapes
-from treadle import Workflows, step_metadata
+from treadle import Workflows, create_hook, sleep, step_metadata
 
 app = Workflows()
 
@@ -36,3 +38,21 @@ async def fanout(key: str, n: int) -> int:
 @app.workflow
 async def crash_chain(key: str, n: int, hang_at: int) -> int:
     return await shapes.crash_chain(noop, hang_once, key, n, hang_at)
+
+
+async def _sleep_until(due: float) -> None:
+    await sleep(until=datetime.fromtimestamp(due, UTC))
+
+
+async def _wait(token: str) -> object:
+    return await create_hook(token).payload()
+
+
+@app.workflow
+async def sleeper(key: str, due: float) -> int:
+    return await shapes.sleeper(noop, _sleep_until, key, due)
+
+
+@app.workflow
+async def history(key: str, n: int, waits: int) -> int:
+    return await shapes.history(noop, _wait, key, n, waits)

@@ -14,7 +14,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from benchmarks import probe, scenarios, servers
+from benchmarks import probe, scale, scenarios, servers
 from benchmarks.processes import Worker, python
 from benchmarks.systems import Unsupported
 from benchmarks.systems.treadle_app import app
@@ -184,6 +184,10 @@ async def _recovery(params: dict[str, Any]) -> scenarios.Metrics:
 
 
 async def run(scenario: str, params: dict[str, Any]) -> dict[str, Any]:
+    if scenario in scale.SCENARIOS:  # issue 15 item 5: benchmarks.systems.treadle_scale
+        from benchmarks.systems import treadle_scale
+
+        return await treadle_scale.run(scenario, params)
     local = params["world"] == "local"
     notes: list[str] = []
     if scenario in ("ttfs", "stso", "fanout") or (scenario == "throughput" and local):

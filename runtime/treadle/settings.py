@@ -216,6 +216,24 @@ class Settings(BaseSettings):
         description="The postgres World's deadline for any one statement (the server cancels "
         "it; the client gives up 5 s later); 0 turns it off.",
     )
+    # Capacity of one cluster (issue 15 item 6; docs/scaling.md).
+    TREADLE_NATS_STREAM_REPLICAS: int = Field(
+        default=1,
+        ge=1,
+        le=5,
+        description="Replicas of the NATS queue's stream and run lease bucket (at most the "
+        "JetStream cluster's size; 3 survives a server loss). Where set, an existing "
+        "stream with another count is updated in place, with a warning; where unset, a "
+        "new stream gets 1 and an existing one keeps its count.",
+    )
+    TREADLE_DATABASE_POOL_SIZE: int = Field(
+        default=10,
+        ge=1,
+        le=1000,
+        description="Connections one process keeps to PostgreSQL for storage calls (the "
+        "change feed's LISTEN connection is one more); processes x this must stay under "
+        "the server's max_connections.",
+    )
     TREADLE_DATABASE_URL_FILE: str | None = Field(
         default=None,
         description="A file holding TREADLE_DATABASE_URL (a mounted secret); read at start.",

@@ -15,7 +15,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-SCENARIOS = ("ttfs", "stso", "fanout", "throughput", "recovery")
+# On the local World the scale scenarios run history only (the others need worker
+# processes on Postgres + NATS: tests/benchmarks/test_bench_scale.py).
+SCENARIOS = ("ttfs", "stso", "fanout", "throughput", "recovery", "history")
 
 
 def _bench(*args: str) -> subprocess.CompletedProcess[str]:

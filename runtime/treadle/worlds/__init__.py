@@ -62,6 +62,11 @@ async def open_world(
             deployment_id=config.TREADLE_DEPLOYMENT_ID,
             tuning=tuning,
             statement_timeout_ms=config.TREADLE_DATABASE_STATEMENT_TIMEOUT_MS,
+            pool_size=config.TREADLE_DATABASE_POOL_SIZE,
+            # Only where it is set: a process without it never moves an existing stream.
+            stream_replicas=config.TREADLE_NATS_STREAM_REPLICAS
+            if "TREADLE_NATS_STREAM_REPLICAS" in config.model_fields_set
+            else None,
             transport=Transport.from_settings(config),
             statement_cache_size=config.TREADLE_DATABASE_STATEMENT_CACHE_SIZE,
             group_writes=config.TREADLE_DATABASE_GROUP_WRITES,

@@ -56,15 +56,24 @@ class PostgresNatsWorld:
         stream: str | None = None,
         subject_prefix: str | None = None,
         statement_timeout_ms: int | None = None,
+        pool_size: int | None = None,
+        stream_replicas: int | None = None,
         transport: Transport | None = None,
         statement_cache_size: int | None = None,
         group_writes: bool = False,
     ) -> PostgresNatsWorld:
         """Open both halves; ``transport`` carries credentials and TLS (default: none beyond
-        the URLs). A server refusing them is ``WorldAuthFailed``, raised at once."""
+        the URLs). A server refusing them is ``WorldAuthFailed``, raised at once.
+        ``pool_size`` (``TREADLE_DATABASE_POOL_SIZE``) bounds the storage connections,
+        ``stream_replicas`` (``TREADLE_NATS_STREAM_REPLICAS``) the queue stream's copies
+        (None: a new stream gets 1, an existing one keeps its count)."""
         from treadle.worlds.nats import NatsQueue, names
         from treadle.worlds.postgres import PostgresStorage
-        from treadle.worlds.postgres.database import STATEMENT_CACHE_SIZE, STATEMENT_TIMEOUT_MS
+        from treadle.worlds.postgres.database import (
+            DEFAULT_POOL_SIZE,
+            STATEMENT_CACHE_SIZE,
+            STATEMENT_TIMEOUT_MS,
+        )
 
         if statement_timeout_ms is None:
             statement_timeout_ms = STATEMENT_TIMEOUT_MS
@@ -79,6 +88,7 @@ class PostgresNatsWorld:
                 statement_timeout_ms=statement_timeout_ms,
                 statement_cache_size=statement_cache_size,
                 group_writes=group_writes,
+                pool_size=DEFAULT_POOL_SIZE if pool_size is None else pool_size,
             )
         except OSError as exc:
             refusal = postgres_refusal(
@@ -96,6 +106,7 @@ class PostgresNatsWorld:
                 tuning=tuning,
                 stream=stream or names.DEFAULT_STREAM,
                 subject_prefix=subject_prefix or names.DEFAULT_SUBJECT_PREFIX,
+                replicas=stream_replicas,
                 transport=transport.nats,
             )
         except BaseException:

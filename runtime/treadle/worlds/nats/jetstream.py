@@ -7,11 +7,21 @@ subjects, a 24 h duplicate window, message schedules), an existing consumer is
 updated to the current lease. The stream and consumer configs go through the
 raw JetStream API, since nats-py's ``StreamConfig`` may not carry
 ``allow_msg_schedules``.
+
+Replicas (``TREADLE_NATS_STREAM_REPLICAS``, issue 15 item 6): where the setting is
+set, an existing stream or lease bucket with another replica count is updated to
+it in place, with a warning naming both counts (JetStream grows or shrinks a
+stream's raft group online, so scaling a cluster up needs no manual edit); where
+it is not set (a CLI, a client, the operator) a new stream gets one replica and an
+existing one keeps its count. A count the server cannot serve (more than its
+cluster's size, or above 1 on a server without clustering) is
+``StorageUnavailable`` naming the setting.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import re
 from typing import Any, Final
 
@@ -34,6 +44,12 @@ API_TIMEOUT_SECONDS: Final = 5.0
 _NS = 1_000_000_000
 # JSStreamNameExistErr: "stream name already in use with a different configuration".
 _STREAM_NAME_EXISTS = 10058
+# JSStreamReplicasNotSupportedErr / JSClusterNoPeersErr / JSInsufficientResourcesErr:
+# a replica count the server or its cluster cannot serve.
+_REPLICAS_REFUSED = frozenset({10074, 10005, 10023})
+REPLICAS_SETTING: Final = "TREADLE_NATS_STREAM_REPLICAS"
+
+log = logging.getLogger("treadle.worlds.nats")
 
 
 # JetStream's error code for a consumer that does not exist.
@@ -78,14 +94,18 @@ async def api_request(nc: Client, subject: str, body: dict[str, Any]) -> dict[st
     return response
 
 
-async def ensure_stream(nc: Client, ns: names.Names, *, replicas: int) -> None:
-    """Create the stream, or widen an existing one to what the queue needs."""
+async def ensure_stream(nc: Client, ns: names.Names, *, replicas: int | None) -> int:
+    """Create the stream, or widen an existing one to what the queue needs; its replicas.
+
+    ``replicas`` None (the setting not set) creates a stream of one replica and keeps an
+    existing stream's count, so a process without the setting never moves it.
+    """
     wanted: dict[str, Any] = {
         "name": ns.stream,
         "subjects": ns.stream_subjects,
         "retention": "workqueue",
         "storage": "file",
-        "num_replicas": replicas,
+        "num_replicas": 1 if replicas is None else replicas,
         "discard": "old",
         "max_msgs": -1,
         "max_bytes": -1,
@@ -97,6 +117,8 @@ async def ensure_stream(nc: Client, ns: names.Names, *, replicas: int) -> None:
     try:
         response = await api_request(nc, f"{prefix}.CREATE.{ns.stream}", wanted)
     except ApiError as exc:
+        if exc.err_code in _REPLICAS_REFUSED:
+            raise _replicas_refused(ns.stream, wanted["num_replicas"], exc) from exc
         if exc.err_code != _STREAM_NAME_EXISTS:
             raise errors.StorageUnavailable(f"cannot create stream {ns.stream}: {exc}") from exc
         info = await api_request(nc, f"{prefix}.INFO.{ns.stream}", {})
@@ -112,11 +134,17 @@ async def ensure_stream(nc: Client, ns: names.Names, *, replicas: int) -> None:
             int(config.get("duplicate_window", 0)), DUPLICATE_WINDOW_NS
         )
         widened["allow_msg_schedules"] = True
+        if replicas is not None:
+            widened["num_replicas"] = replicas
+            _warn_replicas(ns.stream, config, replicas)
         response = info
         if widened != config:
             try:
                 response = await api_request(nc, f"{prefix}.UPDATE.{ns.stream}", widened)
             except ApiError as update_exc:
+                if update_exc.err_code in _REPLICAS_REFUSED:
+                    count = int(widened.get("num_replicas") or 1)
+                    raise _replicas_refused(ns.stream, count, update_exc) from update_exc
                 raise errors.StorageUnavailable(
                     f"cannot update stream {ns.stream}: {update_exc}"
                 ) from update_exc
@@ -125,6 +153,41 @@ async def ensure_stream(nc: Client, ns: names.Names, *, replicas: int) -> None:
             f"stream {ns.stream} does not allow message schedules; "
             "treadle's queue needs nats-server 2.12 or later"
         )
+    return int(response["config"].get("num_replicas") or 1)
+
+
+def _warn_replicas(stream: str, config: dict[str, Any], replicas: int) -> None:
+    found = int(config.get("num_replicas") or 1)
+    if found != replicas:
+        log.warning(
+            "stream %s has %d replica(s), %s=%d: updating it in place",
+            stream, found, REPLICAS_SETTING, replicas,
+        )  # fmt: skip
+
+
+def _replicas_refused(stream: str, replicas: int, exc: ApiError) -> errors.StorageUnavailable:
+    return errors.StorageUnavailable(
+        f"stream {stream} cannot have {replicas} replica(s) on this NATS server: "
+        f"{exc.description} (err_code {exc.err_code}); set {REPLICAS_SETTING} to at most "
+        "the JetStream cluster's size (1 on a server without clustering)"
+    )
+
+
+async def _update_replicas(nc: Client, stream: str, replicas: int) -> None:
+    """Bring an existing stream (the lease bucket's) to ``replicas``, with a warning."""
+    info = await api_request(nc, f"$JS.API.STREAM.INFO.{stream}", {})
+    config: dict[str, Any] = info["config"]
+    if int(config.get("num_replicas") or 1) == replicas:
+        return
+    _warn_replicas(stream, config, replicas)
+    try:
+        await api_request(
+            nc, f"$JS.API.STREAM.UPDATE.{stream}", {**config, "num_replicas": replicas}
+        )
+    except ApiError as exc:
+        if exc.err_code in _REPLICAS_REFUSED:
+            raise _replicas_refused(stream, replicas, exc) from exc
+        raise errors.StorageUnavailable(f"cannot update stream {stream}: {exc}") from exc
 
 
 async def ensure_consumer(
@@ -166,8 +229,11 @@ async def consumer_backlog(nc: Client, ns: names.Names, name: str) -> int:
     return int(info.get("num_pending", 0)) + int(info.get("num_ack_pending", 0))
 
 
-async def ensure_lease_bucket(js: JetStreamContext, ns: names.Names, *, replicas: int) -> KeyValue:
-    """Create or bind the KV bucket holding the stream's run leases."""
+async def ensure_lease_bucket(
+    js: JetStreamContext, ns: names.Names, *, replicas: int, nc: Client | None = None
+) -> KeyValue:
+    """Create or bind the KV bucket holding the stream's run leases (``nc``: bring an
+    existing bucket to ``replicas`` too)."""
     try:
         return await js.create_key_value(
             bucket=ns.lease_bucket,
@@ -177,8 +243,15 @@ async def ensure_lease_bucket(js: JetStreamContext, ns: names.Names, *, replicas
             replicas=replicas,
         )
     except nats.js.errors.APIError as exc:
+        if exc.err_code in _REPLICAS_REFUSED:
+            error = {"err_code": exc.err_code, "description": exc.description or ""}
+            raise _replicas_refused(
+                f"KV_{ns.lease_bucket}", replicas, ApiError("KV", error)
+            ) from exc
         if exc.err_code != _STREAM_NAME_EXISTS:
             raise errors.StorageUnavailable(
                 f"cannot create the run lease bucket {ns.lease_bucket}: {exc}"
             ) from exc
+        if nc is not None:
+            await _update_replicas(nc, f"KV_{ns.lease_bucket}", replicas)
         return await js.key_value(ns.lease_bucket)

@@ -12,9 +12,10 @@ if they are missing, and returns a queue that sends and consumes:
   server keeps the window in memory and rebuilds it at a restart from the
   messages still in the stream: a key whose message was acked, or whose
   schedule fired, before a server restart is forgotten.)
-- A delayed send is a JetStream message schedule (``Nats-Schedule: @at``, whole
-  seconds rounded up, so it is never early) that publishes the message to its
-  run's subject when due; the schedule carries the key's ``Nats-Msg-Id``.
+- A delayed send is a JetStream message schedule (``Nats-Schedule: @at``, to the
+  millisecond, rounded up, so it is never early) that publishes the message to its
+  run's subject when due; the schedule carries the key's ``Nats-Msg-Id``. (Whole
+  seconds made a timer up to a second late: issue 15's sleepers benchmark.)
 - An undelayed, unkeyed orchestrator message for a run whose delivery is in
   flight is folded into that delivery (``leases.RunLeases.coalesce``) instead of
   published, as the local World does at send.
@@ -101,7 +102,7 @@ class NatsQueue:
         tuning: contract.QueueTuning | None = None,
         stream: str | None = None,
         subject_prefix: str | None = None,
-        replicas: int = 1,
+        replicas: int | None = None,
         connect_timeout: float = 10.0,
         connect_options: Mapping[str, Any] | None = None,
         transport: NatsTransport | None = None,
@@ -147,8 +148,12 @@ class NatsQueue:
             raise refused from None
         try:
             jetstream.check_server_version(_server_version(nc))
-            await jetstream.ensure_stream(nc, ns, replicas=replicas)
-            kv = await jetstream.ensure_lease_bucket(nc.jetstream(), ns, replicas=replicas)
+            # ``replicas`` None keeps an existing stream's and bucket's count (jetstream).
+            explicit = replicas is not None
+            replicas = await jetstream.ensure_stream(nc, ns, replicas=replicas)
+            kv = await jetstream.ensure_lease_bucket(
+                nc.jetstream(), ns, replicas=replicas, nc=nc if explicit else None
+            )
         except BaseException:
             await nc.close()
             raise
@@ -317,15 +322,15 @@ class NatsQueue:
 
 
 def _due_at(delay: float, run_id: str) -> str:
-    """The ``@at`` time of a schedule: whole seconds, rounded up, so never early."""
+    """The ``@at`` time of a schedule: milliseconds, rounded up, so never early."""
     try:
-        due = datetime.fromtimestamp(math.ceil(time.time() + delay), UTC)
+        due = datetime.fromtimestamp(math.ceil((time.time() + delay) * 1000) / 1000, UTC)
     except (OverflowError, OSError, ValueError) as exc:
         raise errors.WorldContractError(
             f"run {run_id}: a delay of {delay} s is past any date the queue can schedule",
             run_id=run_id,
         ) from exc
-    return due.strftime("%Y-%m-%dT%H:%M:%SZ")
+    return due.strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
 
 
 async def _connect(

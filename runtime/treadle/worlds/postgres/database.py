@@ -39,7 +39,7 @@ from treadle import errors, redaction
 from treadle.worlds.postgres import sqlerrors
 
 APPLICATION_NAME = "treadle"
-DEFAULT_POOL_SIZE = 10
+DEFAULT_POOL_SIZE = 10  # TREADLE_DATABASE_POOL_SIZE (settings.py) picks it for open_world
 # No statement without a deadline: the server cancels one that runs longer than this
 # (``statement_timeout``), and the client gives up on a call whose answer never comes
 # (a hung connection or server) this much later; either is ``StorageUnavailable`` and
