@@ -533,12 +533,13 @@ def test_planted_f3_revert_is_reported_as_stale_body(monkeypatch: pytest.MonkeyP
     outcomes in place and the step handler began reading the log on every delivery.
     Seed 147 stopped showing it once the workers beat (``treadle.world.liveness``: a
     stalled process's leases lapse at its 3 s liveness, not its 10 s lease, and the
-    schedule moved); of the candidates above 8 and 76 still do, under the same plan, and
-    8 is used."""
+    schedule moved); of the candidates above 8 and 76 still did, under the same plan, and
+    8 was used until run-ahead and optimistic starts (drawn per seed) moved the schedules
+    again; a search of seeds 0-199 then found 6, 7, 30 and 36, and 6 is used."""
     from treadle.world import messages
 
     _, plan = next((s, p) for s, p, bug in PINNED if bug.startswith("F3: stale_body"))
-    seed = 8
+    seed = 6
     config = Config(plan=FaultPlan.parse(plan))
     assert simulate(seed, config).ok
     monkeypatch.setattr(messages.DeliveryMeta, "lost_lease", lambda self: False)
