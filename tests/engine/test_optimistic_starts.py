@@ -20,12 +20,11 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from treadle import Hook, sleep
+from treadle import sleep
 from treadle.errors import RunCancelledError, RunExpired
 from treadle.orchestrator import inline as inline_module
 from treadle.replay import operations
@@ -34,55 +33,15 @@ from treadle.world import events, messages
 from .audit import assert_sound, types
 from .conftest import MakeApp
 from .faults import CURRENT, FaultyWorld
-
-# A held write is released by its event, or after this bound (the test then fails).
-HOLD_BOUND_SECONDS = 15.0
-# Run-ahead (issue 15 item 1, branch ra) starts inline bodies before their starts too;
-# these tests isolate turbo's optimistic starts (a setting a build lacks is ignored).
-TURBO_ONLY: dict[str, Any] = {"WORKFLOW_RUN_AHEAD_DEPTH": 0}
-
-
-class Ping(Hook):
-    n: int
-
-
-class Gate:
-    """Holds the World writes that match until ``release`` is set (or the bound runs out,
-    recorded in ``timed_out``); ``held`` names what was held."""
-
-    def __init__(self) -> None:
-        self.release = asyncio.Event()
-        self.held: list[str] = []
-        self.timed_out: list[str] = []
-
-
-def hold_writes(world: FaultyWorld, when: Callable[[events.Event], bool]) -> Gate:
-    """Hold every write (one event, or a batch with one) that matches ``when``."""
-    gate = Gate()
-    inner, inner_batch = world.events.create, world.events.create_batch
-
-    async def hold(event: events.Event) -> None:
-        gate.held.append(event.type)
-        try:
-            await asyncio.wait_for(gate.release.wait(), HOLD_BOUND_SECONDS)
-        except TimeoutError:
-            gate.timed_out.append(event.type)
-
-    async def create(run_id: str, event: events.Event, **kw: Any) -> Any:
-        if when(event):
-            await hold(event)
-        return await inner(run_id, event, **kw)
-
-    async def create_batch(run_id: str, batch: list[events.Event], **kw: Any) -> Any:
-        for event in batch:
-            if when(event):
-                await hold(event)
-                break
-        return await inner_batch(run_id, batch, **kw)
-
-    world.events.create = create  # type: ignore[method-assign]
-    world.events.create_batch = create_batch  # type: ignore[method-assign]
-    return gate
+from .optimistic import (
+    HOLD_BOUND_SECONDS,
+    TURBO_ONLY,
+    Ping,
+    hold_writes,
+    is_inline_start,
+    is_run_started,
+    own_start_in_log,
+)
 
 
 @pytest.fixture
@@ -116,25 +75,6 @@ def _count_loads(world: FaultyWorld) -> list[int]:
     return loads
 
 
-async def _own_start_in_log(world: FaultyWorld, name: str) -> bool:
-    """Read from inside a step body: is that step's step_started in the log yet?"""
-    meta = CURRENT.get()
-    assert meta is not None
-    run_id = meta.message.run_id
-    page = await world.inner.events.list(run_id)  # not counted as a delivery's load
-    return any(
-        isinstance(e.event, events.StepStarted) and e.event.step_name == name for e in page.events
-    )
-
-
-def _is_run_started(event: events.Event) -> bool:
-    return event.type == "run_started"
-
-
-def _is_inline_start(name: str) -> Callable[[events.Event], bool]:
-    return lambda e: isinstance(e, events.StepStarted) and e.step_name == name and e.inline
-
-
 # -- turbo's early inline bodies ---------------------------------------------------------
 
 
@@ -148,8 +88,8 @@ async def test_first_bodies_start_before_run_started_and_their_starts_commit(
 
     Seen to fail: ``OptimisticStarts.boundary`` returning False (every body waits for
     its start): run_started is never released by a body, the hold's bound runs out."""
-    gate_run = hold_writes(faulty, _is_run_started)
-    gate_b = hold_writes(faulty, _is_inline_start("b"))
+    gate_run = hold_writes(faulty, is_run_started)
+    gate_b = hold_writes(faulty, is_inline_start("b"))
     app = make_app(world=faulty, **TURBO_ONLY)
     seen: dict[str, list[str]] = {}
 
@@ -164,7 +104,7 @@ async def test_first_bodies_start_before_run_started_and_their_starts_commit(
 
     @app.step
     async def b(x: str) -> str:
-        seen["b"] = ["own start" if await _own_start_in_log(faulty, "b") else "no start"]
+        seen["b"] = ["own start" if await own_start_in_log(faulty, "b") else "no start"]
         gate_b.release.set()
         return x + "b"
 
@@ -198,18 +138,18 @@ async def test_a_max_retries_0_step_waits_for_its_start(
 
     Seen to fail: ``turbo.may_run_before_its_start`` answering True for 0: r0 starts
     with r3, while run_started is still held, and reads no start of its own."""
-    gate = hold_writes(faulty, _is_run_started)
+    gate = hold_writes(faulty, is_run_started)
     app = make_app(world=faulty, **TURBO_ONLY)
     seen: dict[str, bool] = {}
 
     @app.step(max_retries=0)
     async def r0() -> str:
-        seen["r0"] = await _own_start_in_log(faulty, "r0")
+        seen["r0"] = await own_start_in_log(faulty, "r0")
         return "0"
 
     @app.step
     async def r3() -> str:
-        seen["r3"] = await _own_start_in_log(faulty, "r3")
+        seen["r3"] = await own_start_in_log(faulty, "r3")
         gate.release.set()
         return "3"
 
@@ -250,7 +190,7 @@ async def test_a_hook_ends_optimistic_starts_for_the_rest_of_the_delivery(
     @app.step
     async def b(x: str) -> str:
         ran["b"] = where()
-        own["b"] = await _own_start_in_log(faulty, "b")
+        own["b"] = await own_start_in_log(faulty, "b")
         return x + "b"
 
     @app.workflow
@@ -282,12 +222,12 @@ async def test_a_boundary_with_a_wait_is_not_started_early(
 
     @app.step
     async def a() -> str:
-        own["a"] = await _own_start_in_log(faulty, "a")
+        own["a"] = await own_start_in_log(faulty, "a")
         return "a"
 
     @app.step
     async def b() -> str:
-        own["b"] = await _own_start_in_log(faulty, "b")
+        own["b"] = await own_start_in_log(faulty, "b")
         return "b"
 
     @app.workflow
@@ -317,7 +257,7 @@ async def test_a_boundary_with_a_background_step_commits_its_creations_first(
 
     @app.step
     async def a() -> str:
-        own["a"] = await _own_start_in_log(faulty, "a")
+        own["a"] = await own_start_in_log(faulty, "a")
         return "a"
 
     @app.step
@@ -355,7 +295,7 @@ async def test_a_boundary_with_a_step_that_failed_to_serialize_is_not_started_ea
 
     @app.step
     async def a() -> str:
-        own["a"] = await _own_start_in_log(faulty, "a")
+        own["a"] = await own_start_in_log(faulty, "a")
         return "a"
 
     @app.step
@@ -382,7 +322,7 @@ async def test_a_run_cancelled_before_run_started_runs_the_body_and_writes_nothi
     run_started is held. The early body runs once; run_started is refused (the run
     ended), which stops the writer: the start batch and the outcome are never written,
     and the delivery acknowledges. The log is run_created, run_cancelled."""
-    gate = hold_writes(faulty, _is_run_started)
+    gate = hold_writes(faulty, is_run_started)
     app = make_app(world=faulty, **TURBO_ONLY)
     ran: Counter[str] = Counter()
     entered = asyncio.Event()
@@ -477,7 +417,7 @@ async def test_a_fence_refused_run_started_reruns_the_early_body_once(
     async def flow() -> str:
         return await work()
 
-    faulty.events.refuse_in_band(1, when=_is_run_started)
+    faulty.events.refuse_in_band(1, when=is_run_started)
     run = await app.start(flow)
     assert await run.result(timeout=30) == "w"
     first, second = faulty.queue.orchestrator_answers()[:2]
@@ -502,7 +442,7 @@ async def test_optimistic_inline_start_off_awaits_each_start_and_still_skips_the
 
     @app.step
     async def a() -> str:
-        own["a"] = await _own_start_in_log(faulty, "a")
+        own["a"] = await own_start_in_log(faulty, "a")
         return "a"
 
     @app.workflow
@@ -527,7 +467,7 @@ async def test_turbo_off_loads_awaits_run_started_and_every_start(
 
     @app.step
     async def a() -> str:
-        own["a"] = await _own_start_in_log(faulty, "a")
+        own["a"] = await own_start_in_log(faulty, "a")
         return "a"
 
     @app.workflow
@@ -558,7 +498,7 @@ async def test_a_coalesced_re_run_of_the_first_delivery_is_not_turbo(
         current = CURRENT.get()
         assert current is not None
         ran["b"] = current.meta.rerun
-        own["b"] = await _own_start_in_log(faulty, "b")
+        own["b"] = await own_start_in_log(faulty, "b")
         return n + 1
 
     @app.workflow
@@ -646,149 +586,3 @@ async def test_a_start_message_copy_after_progress_runs_no_completed_body(
     kinds = types(await assert_sound(run))
     assert kinds.count("run_started") == 1 and kinds.count("step_started") == 1
     assert ran == Counter(a=1)
-
-
-# -- WORKFLOW_OPTIMISTIC_BACKGROUND_START ------------------------------------------------
-
-
-def _is_background_start(name: str) -> Callable[[events.Event], bool]:
-    return lambda e: isinstance(e, events.StepStarted) and e.step_name == name and not e.inline
-
-
-async def test_background_optimistic_start_runs_the_body_while_its_start_is_in_flight(
-    make_app: MakeApp, faulty: FaultyWorld
-) -> None:
-    """Seed 003 ``WORKFLOW_OPTIMISTIC_BACKGROUND_START=1``: a background step's first
-    delivery starts the body while its step_started (held at the World until the body
-    runs) is in flight; the outcome is written after the start."""
-    gate = hold_writes(faulty, _is_background_start("work"))
-    app = make_app(
-        world=faulty,
-        **TURBO_ONLY,
-        WORKFLOW_MAX_INLINE_STEPS=0,
-        WORKFLOW_OPTIMISTIC_BACKGROUND_START="1",
-    )
-    own: dict[str, bool] = {}
-
-    @app.step
-    async def work() -> str:
-        own["work"] = await _own_start_in_log(faulty, "work")
-        gate.release.set()
-        return "w"
-
-    @app.workflow
-    async def flow() -> str:
-        return await work()
-
-    run = await app.start(flow)
-    assert await run.result(timeout=30) == "w"
-    assert gate.timed_out == [], "the body waited for its start"
-    assert own == {"work": False}
-    kinds = types(await assert_sound(run))
-    assert kinds.index("step_started") < kinds.index("step_completed")
-
-
-@pytest.mark.parametrize("case", ["default", "max_retries=0", "inline-start=0"])
-async def test_background_body_waits_for_its_start(
-    make_app: MakeApp, faulty: FaultyWorld, case: str
-) -> None:
-    """By default (the setting is an opt-in), for a ``max_retries=0`` step under the
-    opt-in, and under the opt-in with ``WORKFLOW_OPTIMISTIC_INLINE_START=0`` (which wins),
-    a background body starts only once its step_started committed: it finds it in the
-    log."""
-    overrides: dict[str, Any] = {"WORKFLOW_MAX_INLINE_STEPS": 0}
-    if case != "default":
-        overrides["WORKFLOW_OPTIMISTIC_BACKGROUND_START"] = "true"
-    if case == "inline-start=0":
-        overrides["WORKFLOW_OPTIMISTIC_INLINE_START"] = "0"
-    app = make_app(world=faulty, **TURBO_ONLY, **overrides)
-    own: dict[str, bool] = {}
-
-    @app.step(max_retries=0 if case == "max_retries=0" else 3)
-    async def work() -> str:
-        own["work"] = await _own_start_in_log(faulty, "work")
-        return "w"
-
-    @app.workflow
-    async def flow() -> str:
-        return await work()
-
-    run = await app.start(flow)
-    assert await run.result(timeout=30) == "w"
-    assert own == {"work": True}
-    await assert_sound(run)
-
-
-@pytest.mark.parametrize("optimistic", [True, False])
-async def test_background_body_before_a_start_refused_as_the_run_ended(
-    make_app: MakeApp, faulty: FaultyWorld, optimistic: bool
-) -> None:
-    """Seed 003 "Background body before a refused start": the step's delivery read the
-    log (the run was running) and its step_started is held at the World while the run
-    is cancelled. Under the opt-in the body runs before the refused start arrives, its
-    outcome is discarded, and the delivery acks; by default the refused start comes
-    first and no body runs. Nothing of the step after its creation is written either
-    way. (A cancel before the delivery's log read runs no body in either mode: the
-    handler reads the log first.)"""
-    overrides: dict[str, Any] = {"WORKFLOW_MAX_INLINE_STEPS": 0}
-    if optimistic:
-        overrides["WORKFLOW_OPTIMISTIC_BACKGROUND_START"] = "1"
-    app = make_app(world=faulty, **TURBO_ONLY, **overrides)
-    ran: Counter[str] = Counter()
-
-    @app.step
-    async def work() -> str:
-        ran["work"] += 1
-        return "w"
-
-    @app.workflow
-    async def flow() -> str:
-        return await work()
-
-    gate = hold_writes(faulty, _is_background_start("work"))
-    run = await app.start(flow)
-    await faulty.queue.until(lambda: bool(gate.held))
-    await run.cancel()
-    gate.release.set()
-    await faulty.queue.until(lambda: any(a.kind == "step" for a in faulty.queue.answers))
-    (answer,) = [a for a in faulty.queue.answers if a.kind == "step"]
-    assert answer.error is None and answer.result == messages.ACK
-    with pytest.raises(RunCancelledError):
-        await run.result(timeout=10)
-    kinds = types(await assert_sound(run))
-    assert "step_started" not in kinds and "step_completed" not in kinds
-    assert ran == (Counter(work=1) if optimistic else Counter())
-
-
-async def test_background_body_before_a_throttled_start_runs_again_with_one_outcome(
-    make_app: MakeApp, faulty: FaultyWorld
-) -> None:
-    """Seed 003 "Background body before a refused start", the throttled branch: under
-    the opt-in the start fails (a storage error, not in the log), so the body's outcome
-    is discarded and the message is redelivered; the redelivery (count 2) awaits its
-    start and runs the body again. Two runs of the body, one start, one outcome."""
-    app = make_app(
-        world=faulty,
-        **TURBO_ONLY,
-        WORKFLOW_MAX_INLINE_STEPS=0,
-        WORKFLOW_OPTIMISTIC_BACKGROUND_START="1",
-    )
-    ran: Counter[str] = Counter()
-
-    @app.step
-    async def work() -> str:
-        ran["work"] += 1
-        return "w"
-
-    @app.workflow
-    async def flow() -> str:
-        return await work()
-
-    faulty.events.fail_writes(1, when=_is_background_start("work"))
-    run = await app.start(flow)
-    assert await run.result(timeout=30) == "w"
-    steps = [a for a in faulty.queue.answers if a.kind == "step"]
-    assert steps[0].error is not None and steps[0].meta.delivery_count == 1
-    assert ran == Counter(work=2)
-    kinds = types(await assert_sound(run))
-    assert kinds.count("step_started") == 1 and kinds.count("step_completed") == 1

@@ -1,23 +1,16 @@
 """One orchestrator delivery of a spec 9 run (seed 003 "One delivery's main loop").
 
-``OrchestratorDelivery.run`` loads the log (or, on the start message's first
-delivery, skips the load: turbo), replays the workflow, and at each
-suspension writes its decisions through the in-band writer, sends what those
-writes owe (step messages after their batch commits; a wait's timer before
-its ``wait_created`` commits), runs inline steps, and consumes each outcome
-only after its write committed. It answers ``Ack`` when the run ended or
-waits on nothing this delivery can drive; ``Redeliver(1)`` after a fence
-refusal (never ``Ack``); ``Handoff`` at the end of its inline window.
-
-Inline bodies start as soon as their creating batch commits, before the
-batch's sends and before any later batch (seed 003 "How the creations are
-split"); their outcomes queue on the writer only after the last creation
-batch. No error cancels a running body: after a fence refusal, a lost lease
-or any other failure, no pass decides any more, the bodies settle, and only
-then does the delivery answer or fail (seed 003 "A later batch fails", FO4).
-A delivery the queue says lost its lease (``DeliveryMeta.lease_lost``) stops
-at once: it wakes from any wait, writes nothing (the writer refuses) and
-starts no body.
+``OrchestratorDelivery.run`` loads the log (turbo skips it on the start message's
+first delivery), replays the workflow, and at each suspension writes its decisions
+through the in-band writer, sends what the writes owe and runs inline steps. An
+outcome is consumed after its write committed, except where run-ahead hands it to the
+replay first (``runahead``, docs/run-ahead.md) and turbo starts a first boundary's
+bodies early (``turbo``, docs/turbo.md). It answers ``Ack`` when the run ended or
+waits on nothing it can drive, ``Redeliver(1)`` after a fence refusal, ``Handoff`` at
+the end of its inline window. No error cancels a running body: after a refusal, a
+lost lease (the writer then refuses, no body starts) or any other failure, no pass
+decides any more, the bodies settle, and only then does the delivery answer or fail
+(seed 003 "A later batch fails", FO4).
 """
 
 from __future__ import annotations
