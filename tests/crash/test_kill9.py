@@ -70,6 +70,18 @@ class Cluster:
             assert proc.poll() is None or line in self.lines(), "the worker died early"
             time.sleep(0.02)  # another process's file: nothing to await
 
+    def wait_for_start(self, run_id: str, attempt: int, timeout: float = 30) -> None:
+        """Until the run's log holds a step_started of ``attempt``. A body may start before
+        its start commits (turbo, run-ahead: docs/turbo.md); a kill "mid step" is one
+        after the start is recorded, so the next attempt is the step's second."""
+        deadline = time.monotonic() + timeout
+        while True:
+            seen = json.loads(self.cli("inspect", run_id, "--json"))["events"]
+            if any(e["type"] == "step_started" and e["attempt"] == attempt for e in seen):
+                return
+            assert time.monotonic() < deadline, f"no step_started {attempt}: {seen}"
+            time.sleep(0.05)  # another process's progress: nothing to await
+
     def wait_for_run(self, run_id: str, timeout: float = 30) -> dict[str, object]:
         deadline = time.monotonic() + timeout
         while True:
@@ -129,6 +141,7 @@ def test_sigkill_mid_step_runs_it_again_as_attempt_two(cluster: Cluster, where: 
         TREADLE_TEST_HANG_FIRST_ATTEMPT="1", WORKFLOW_MAX_INLINE_STEPS=inline
     )
     cluster.wait_for_line("s start 1", first)
+    cluster.wait_for_start(run_id, 1)
     _kill(first)
     cluster.start_worker(WORKFLOW_MAX_INLINE_STEPS=inline)
     run = cluster.wait_for_run(run_id)
@@ -192,6 +205,7 @@ def test_sigstop_past_the_lease_then_sigcont_is_fenced(
             TREADLE_TEST_HANG_FIRST_ATTEMPT="1", TREADLE_TEST_HANG_SECONDS="4"
         )
         cluster.wait_for_line("p start 1", workers[0])
+        cluster.wait_for_start(run_id, 1)
         stalled = cluster.worker_that_ran("p", 1)
         os.kill(stalled.pid, signal.SIGSTOP)
         run = cluster.wait_for_run(run_id, timeout=60)

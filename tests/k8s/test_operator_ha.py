@@ -328,7 +328,7 @@ async def test_a_start_refused_on_a_revision_retired_meanwhile_goes_to_the_new_l
             run_id=run_id, revision="shop-old", phase="Pending", reason="Starting"
         )
         spec = models.WorkflowRunSpec.model_validate(body["spec"])
-        ended = await runs._record_on_latest(state, world, body, spec, chosen)
+        ended = await runs._record_on_latest(state, world, body, spec, chosen, 9)
         run = await world.runs.get(run_id)
         on_old = await world.runs.list(deployment_id="shop-old")
     finally:

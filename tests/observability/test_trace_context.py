@@ -196,10 +196,21 @@ def test_a_process_that_does_not_trace_still_carries_the_runs_context() -> None:
 
 
 async def test_with_telemetry_off_the_world_is_left_as_it_is(
-    local_app: Callable[..., Workflows],
+    local_app: Callable[..., Workflows], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """No tracing, metrics or JSON logs: ``Workflows.world()`` wraps nothing (the
-    simulation and plain runs take exactly the paths they took before)."""
+    simulation and plain runs take exactly the paths they took before). The process's
+    telemetry state is put back to off first: under xdist an earlier test in this
+    worker process may have left a provider or metrics on (seen in CI)."""
+    from opentelemetry import trace
+
+    from treadle import metrics
+    from treadle.telemetry import logs
+
+    monkeypatch.setattr(trace, "_TRACER_PROVIDER", None)
+    monkeypatch.setattr(tracing._Config, "provider", None)
+    monkeypatch.setattr(metrics._State, "enabled", False)
+    monkeypatch.setattr(logs._State, "json", False)
     assert not telemetry.active()
     world = await local_app().world()
     assert not isinstance(world.queue, worldwrap.TracedQueue)
