@@ -1,19 +1,11 @@
-"""Optimistic background starts (issue 15 item 2; seed 003 "Background body before a
-refused start"); the inline ones are test_optimistic_starts.py.
+"""``WORKFLOW_OPTIMISTIC_BACKGROUND_START`` (issue 15 item 2; seed 003 "Background body
+before a refused start"): a background step's body runs while its ``step_started`` is
+in flight, and its outcome is written only once that start committed; a refused start
+discards it. Turbo's early inline bodies are test_optimistic_starts.py.
 
-Turbo's early inline bodies: on the start message's first delivery an all-inline
-boundary's bodies start before their ``step_started`` commits (queued behind the
-backgrounded ``run_started``), never a ``max_retries=0`` one, until the first hook or
-wait; a refused ``run_started`` discards their outcomes and decides the delivery. And
-``WORKFLOW_OPTIMISTIC_BACKGROUND_START``: a background step's body while its start is
-in flight, its outcome written only once the start committed.
-
-Every test runs on both real Worlds (local SQLite, and Postgres + NATS on real
-servers) through ``FaultyWorld``. Ordering is proven by a gated World write (the
-write is held until the body says it runs: a body that waited for that write would
-never run, so the hold's bound runs out and the test fails) or by the body reading
-the log at its start; which bodies the engine started early is recorded from
-``InlineSteps.start_early`` itself.
+Both real Worlds, through ``FaultyWorld``; the start write is held by a gate
+(``optimistic.hold_writes``) until the body says it runs, so a body that waited for
+its start would never run and the test fails.
 """
 
 from __future__ import annotations
