@@ -62,6 +62,14 @@ def end(key: str) -> None:
     once(key, END)
 
 
+def marked(key: str, prefix: str) -> bool:
+    """Whether a mark of ``key`` starting with ``prefix`` exists already (in memory, or in
+    the ``BENCH_PROBE_FILE`` every process of the run writes to)."""
+    path = os.environ.get(PROBE_FILE_ENV)
+    seen = read_file(Path(path)).get(key, []) if path else MARKS.get(key, [])
+    return any(label.startswith(prefix) for label, _ in seen)
+
+
 def reset(key: str) -> None:
     MARKS.pop(key, None)
 

@@ -22,7 +22,10 @@ ROOT = Path(__file__).resolve().parents[1]
 ALL_EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
 # webhook.py serves HTTP and plays the payment provider itself: it runs as a program, on
 # both formats, in tests/serve/test_webhooks_example.py.
-EXAMPLES = [p for p in ALL_EXAMPLES if p.name != "webhook.py"]
+# attributes.py sets attributes in workflow code, which needs spec 9 (a spec 8 run refuses
+# it by name): it runs on spec 9, and its refusal on spec 8, below. children.py (child
+# workflows, spec 9 only, several workflows) runs in tests/engine/test_children_example.py.
+EXAMPLES = [p for p in ALL_EXAMPLES if p.name not in ("webhook.py", "attributes.py", "children.py")]
 FAST = {
     "WORKFLOW_ORCHESTRATOR_LINGER_MS": "300",
     "WORKFLOW_ORCHESTRATOR_POLL_INTERVAL_MS": "200",
@@ -58,7 +61,19 @@ async def _run(module: ModuleType, spec_version: int) -> tuple[int, str, Any, li
 
 def test_the_examples_are_all_here() -> None:
     """So a new example joins the test below (and a removed one is noticed)."""
-    assert [p.name for p in ALL_EXAMPLES] == ["fanout.py", "hello.py", "order.py", "webhook.py"]
+    assert [p.name for p in ALL_EXAMPLES] == [
+        "attributes.py",
+        "children.py",
+        "fanout.py",
+        "hello.py",
+        "limits.py",
+        "order.py",
+        "schedules.py",
+        "streams.py",
+        "timeouts.py",
+        "trip.py",
+        "webhook.py",
+    ]
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
@@ -79,3 +94,41 @@ async def test_an_example_gives_the_same_result_as_spec_8_and_spec_9(
     assert spec8[1] == spec9[1] == "completed"
     assert spec8[2] == spec9[2], "the same output on both formats"
     assert spec8[3] == spec9[3] and spec8[3], "the same steps completed on both formats"
+
+
+async def test_the_attributes_example_finds_its_runs_and_spec_8_refuses_it_by_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """examples/attributes.py (issue 17 item 2): on spec 9 its main() finds the active pro
+    customers by attribute and shows one run's attributes from every writer; on spec 8
+    the workflow's set_attributes() fails the run with an error naming the feature and
+    WORKFLOW_SPEC_VERSION."""
+    from treadle.errors import RunFailedError
+
+    path = ROOT / "examples" / "attributes.py"
+    for name, value in FAST.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("TREADLE_WORLD", f"local:{tmp_path / 'world9'}")
+    monkeypatch.setenv("WORKFLOW_SPEC_VERSION", "9")
+    spec9 = _fresh(path, "spec9")
+    assert await spec9.main() == {
+        "active pro customers": ["acme", "initech"],
+        "globex": {
+            "customer": "globex",
+            "plan": "free",
+            "stage": "active",
+            "region": "eu-west",
+            "database": "globex-db",
+            "note": "asked for a demo",
+        },
+    }
+    monkeypatch.setenv("TREADLE_WORLD", f"local:{tmp_path / 'world8'}")
+    monkeypatch.setenv("WORKFLOW_SPEC_VERSION", "8")
+    spec8 = _fresh(path, "spec8")
+    try:
+        run = await spec8.app.start(spec8.onboard)
+        with pytest.raises(RunFailedError, match="WORKFLOW_SPEC_VERSION=8"):
+            await run.result(timeout=60)
+        assert (await run.get()).error.type == "AttributesNeedSpec9"
+    finally:
+        await spec8.app.close()

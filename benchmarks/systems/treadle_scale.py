@@ -3,8 +3,10 @@
 ``workers``, ``memory`` and ``sleepers`` run ``treadle worker`` processes (a fresh
 database and deployment for each fleet) and start runs from a worker-less client in
 this process; ``history`` runs with an in-process worker on either World, with
-``WORKFLOW_ORCHESTRATOR_LINGER_MS=0``, so each hook resume is a new delivery that
-loads the run's log, not a wake-up of a delivery still holding it.
+``WORKFLOW_ORCHESTRATOR_LINGER_MS=0``, so each hook resume is a new delivery, not a
+wake-up of a delivery still holding the log: it continues the run's warm session (it
+reads only the new events, docs/warm.md), or loads the whole log under
+``TREADLE_WARM_RUNS=0``.
 """
 
 from __future__ import annotations
@@ -156,7 +158,8 @@ async def run(scenario: str, params: dict[str, Any]) -> dict[str, Any]:
         queue = "local World" if local else "NATS"
         return {"metrics": metrics, "notes": [
             f"in-process worker through the {queue} queue; WORKFLOW_ORCHESTRATOR_LINGER_MS=0, "
-            "so every hook resume is a new delivery that loads the log"
+            "so every hook resume is a new delivery; TREADLE_WARM_RUNS="
+            f"{os.environ.get('TREADLE_WARM_RUNS', 'default')} (0: it loads the whole log)"
         ]}  # fmt: skip
     if local:
         raise Unsupported(NEEDS_POSTGRES)

@@ -20,7 +20,9 @@ never from what a user wrote on the object:
   the revisions in that WorkflowDeployment's status (revision ids are digests
   of namespace, name and uid, and status is written by the operator alone), and
   the object must be in that deployment's namespace under the name the mirror
-  gives it (``mirror_name``).
+  gives it (``mirror_name``), or, for a run a WorkflowSchedule fired (its
+  ``treadle.schedule`` attribute names ``<namespace>.<schedule>``, written by the
+  World's firing), the schedule's ``<schedule>-<unix time>`` in that namespace.
 
 ``refusal`` is called by ``runs`` before a run is adopted (start), tracked
 again after a restart (follow) and cancelled (spec.cancel, deletion).
@@ -35,6 +37,7 @@ from pydantic import JsonValue
 
 from treadle.world import ids
 from treadle.world.records import RunRecord
+from treadle_operator import schedules
 
 BINDING = "treadle.dev/binding"
 STARTED_BY = "treadle.dev/workflowrun"
@@ -117,6 +120,8 @@ def refusal(run: RunRecord, body: dict[str, Any], wfd: dict[str, Any] | None) ->
             f"revision of WorkflowDeployment {namespace}/{deployment}"
         )
     expected = mirror_name(run.workflow_name, run.run_id)
+    if schedules.mirror_of(run) == (namespace, name):
+        return None  # fired by the WorkflowSchedule of this namespace, for this name's time
     if name != expected:
         return (
             f"run {run.run_id} was started from code; only its mirror "

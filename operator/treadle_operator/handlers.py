@@ -2,7 +2,7 @@
 
 Everything here is wiring; the rules live in ``deployments`` (revisions and
 workers), ``runs`` (start, cancel, mirror, TTL), ``sync`` (status from the
-log) and ``scheduler`` (WorkflowSchedule timers). ``build_registry`` binds the
+log) and ``schedulesync`` (WorkflowSchedule as a World schedule). ``build_registry`` binds the
 handlers to one operator's ``State``.
 
 kopf keeps its own progress in annotations under ``treadle.dev`` (never in
@@ -27,11 +27,11 @@ from treadle_operator import (
     runs,
     runstart,
     schedules,
+    schedulesync,
     secretcache,
     signals,
     teardown,
 )
-from treadle_operator.scheduler import Scheduler
 from treadle_operator.state import State
 
 log = logging.getLogger("treadle.operator.handlers")
@@ -207,20 +207,37 @@ def build_registry(state: State) -> kopf.OperatorRegistry:
 
     signals.register(registry, state)  # WorkflowSignal: docs/operator-day2.md
 
-    # -- WorkflowSchedule (scheduler.py: one timer task per schedule) -------------------------
+    # -- WorkflowSchedule (schedulesync: put as a World schedule, synced from there) ------------
 
-    scheduler = Scheduler(state)
+    async def schedule_sync(body: Any) -> None:
+        plain = _plain(body)
+        async with state.lock(plain["metadata"]["uid"]):
+            fresh = await state.kube.get(
+                schedules.PLURAL, plain["metadata"]["namespace"], plain["metadata"]["name"]
+            )
+            if fresh is not None and not fresh["metadata"].get("deletionTimestamp"):
+                await schedulesync.reconcile(state, fresh)
 
-    @kopf.on.event(G, V, schedules.PLURAL, registry=registry)
-    async def schedule_seen(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
-        scheduler.seen(event.get("type"), _plain(body))
+    @kopf.on.create(G, V, schedules.PLURAL, registry=registry)
+    @kopf.on.update(G, V, schedules.PLURAL, field="spec", registry=registry)
+    @kopf.on.resume(G, V, schedules.PLURAL, registry=registry)
+    async def schedule_changed(body: kopf.Body, **_: Any) -> None:
+        await schedule_sync(body)
 
-    @kopf.on.event(G, V, WFR, labels={schedules.LABEL: kopf.PRESENT}, registry=registry)
-    async def scheduled_run_seen(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
-        scheduler.run_changed(event.get("type"), _plain(body))
+    @kopf.timer(
+        G, V, schedules.PLURAL, interval=cfg.TREADLE_OPERATOR_SCHEDULE_SYNC_SECONDS,
+        registry=registry,
+    )  # fmt: skip
+    async def schedule_tick(body: kopf.Body, **_: Any) -> None:
+        await schedule_sync(body)
 
-    @kopf.on.cleanup(registry=registry)
-    async def schedules_stop(**_: Any) -> None:
-        await scheduler.close()
+    @kopf.on.delete(G, V, schedules.PLURAL, registry=registry)
+    async def schedule_deleted(body: kopf.Body, **_: Any) -> None:
+        """Its World schedule goes with it (retried while the World cannot be reached)."""
+        try:
+            await schedulesync.delete(state, _plain(body))
+            state.forget(str(body.get("metadata", {}).get("uid")))
+        except runs.NotYet as exc:
+            raise kopf.TemporaryError(str(exc), delay=cfg.TREADLE_OPERATOR_RETRY_SECONDS) from exc
 
     return registry

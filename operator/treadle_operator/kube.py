@@ -30,6 +30,7 @@ _TROUBLE = {
     "CreateContainerConfigError": "ContainerConfig",
     "CreateContainerError": "ContainerConfig",
     "ErrImagePull": "ImagePull",
+    "ErrImageNeverPull": "ImagePull",  # imagePullPolicy Never, and the node lacks it
     "ImagePullBackOff": "ImagePull",
     "InvalidImageName": "ImagePull",
     "RunContainerError": "CrashLoop",

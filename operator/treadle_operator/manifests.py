@@ -126,6 +126,18 @@ def world_volume(
     return volume, mount
 
 
+METRICS_PORT = {"name": "metrics", "containerPort": WORKER_METRICS_PORT, "protocol": "TCP"}
+
+
+def _host_network(spec: WorkflowDeploymentSpec) -> bool:
+    """A template that puts the workers on the node's network: a declared container port
+    is then a host port, and the scheduler would place one worker a node (the
+    orchestrator and steps of one revision could not share a node). Such workers declare
+    none; each still serves /metrics on the port, the first of a node to bind it."""
+    template = spec.template
+    return bool(template is not None and (template.spec or {}).get("hostNetwork"))
+
+
 def worker_deployment(
     *,
     owner: str,
@@ -157,7 +169,12 @@ def worker_deployment(
             str(tier.concurrency),
         ],
         "env": worker_env(spec, revision, transport_keys),
-        "ports": [{"name": "metrics", "containerPort": WORKER_METRICS_PORT, "protocol": "TCP"}],
+        "ports": [] if _host_network(spec) else [METRICS_PORT],
+        # A worker that exits at start (a module it cannot import, say) writes why on
+        # stderr only; a kubelet makes the log's tail the termination message, which the
+        # WorkersHealthy / Stalled conditions quote (kube.pods_trouble). Without it a real
+        # kubelet says "exit code 1" and nothing more.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": podsecurity.container_security(spec),
         "volumeMounts": [{"name": podsecurity.TMP_VOLUME, "mountPath": podsecurity.TMP_PATH}],
     }

@@ -2,7 +2,9 @@
 
 The status sync calls ``mirrors`` for each run creation the World reports (is it
 worth a read?) and ``mirror`` for those that are: a WorkflowRun annotated with
-the run id, adopted by ``runs.start`` like any other (review R5 (d), (e)).
+the run id, adopted by ``runs.start`` like any other (review R5 (d), (e)). A run
+fired by a WorkflowSchedule is shown as that schedule's (``schedulesync.mirror_run``).
+Mirrors carry the run's attributes that fit as labels (``attrlabels``).
 Wired in ``main.run``.
 """
 
@@ -13,7 +15,7 @@ from typing import Any
 
 from treadle import errors as engine_errors
 from treadle.world import contract
-from treadle_operator import admission, binding, models
+from treadle_operator import admission, attrlabels, binding, models, schedules, schedulesync
 from treadle_operator.runs import INPUT_OMITTED, MIRRORED, PLURAL
 from treadle_operator.state import State
 
@@ -24,9 +26,13 @@ mirror_name = binding.mirror_name
 
 def mirrors(state: State, deployment_id: str | None) -> bool:
     """Would a run created on ``deployment_id`` be mirrored (worth a read)? Unknown
-    (the World did not say): while any WorkflowDeployment mirrors (review R5 (d))."""
+    (the World did not say): while any WorkflowDeployment mirrors (review R5 (d)) or
+    any WorkflowSchedule is served. A revision a WorkflowSchedule is pinned to: yes
+    (its firings are shown, whatever ``mirrorRuns`` says)."""
     if deployment_id is None:
-        return any(owner.mirror_runs for owner in state.owners.values())
+        return bool(state.schedules) or any(o.mirror_runs for o in state.owners.values())
+    if any(s.deployment_id == deployment_id for s in state.schedules.values()):
+        return True
     owner = state.owners.get(deployment_id)
     return owner is not None and owner.mirror_runs
 
@@ -37,8 +43,15 @@ async def mirror(state: State, world: contract.World, run_id: str) -> None:
         run = await world.runs.get(run_id)
     except engine_errors.RunNotFound:
         return
+    if binding.is_bound(run):
+        return
+    if schedules.mirror_of(run) is not None:  # fired by a WorkflowSchedule: its mirror only
+        scheduled = schedulesync.owner_of(state, run)
+        if scheduled is not None:  # (else its schedule's next sync mirrors it)
+            await schedulesync.mirror_run(state, scheduled.body, run)
+        return
     owner = state.owners.get(run.deployment_id)
-    if owner is None or not owner.mirror_runs or binding.is_bound(run):
+    if owner is None or not owner.mirror_runs:
         return
     stored = run.input if isinstance(run.input, dict) else {}
     args, kwargs = stored.get("args") or [], stored.get("kwargs") or {}
@@ -49,7 +62,7 @@ async def mirror(state: State, world: contract.World, run_id: str) -> None:
         "metadata": {
             "name": name,
             "annotations": {MIRRORED: run_id},
-            "labels": {"treadle.dev/deployment": owner.name},
+            "labels": {**attrlabels.labels(run.attributes), "treadle.dev/deployment": owner.name},
         },
         "spec": {
             "deployment": owner.name,

@@ -40,9 +40,10 @@ or dropped here first. Why each rule is there:
   ``ttlSecondsAfterHandled``. A Rerun creates a WorkflowRun (``create`` above).
 - ``""`` ``configmaps``: get (the rule below) is also what a ResumeHook's
   ``payloadFrom.configMapKeyRef`` reads (a ``secretKeyRef`` payload is refused).
-- ``treadle.dev`` ``workflowschedules``: get, list, watch to time their firings (the
-  WorkflowRuns they fire are created, listed, patched for ``spec.cancel`` and pruned
-  under the ``workflowruns`` rule); ``workflowschedules/status``: get, patch.
+- ``treadle.dev`` ``workflowschedules``: get, list, watch to put each as a World
+  schedule; patch for kopf's finalizer (deleting one deletes its World schedule) and
+  annotations (the mirrors of its runs are created, listed and pruned under the
+  ``workflowruns`` rule); ``workflowschedules/status``: get, patch.
 - ``apiextensions.k8s.io`` ``customresourcedefinitions`` and ``""`` ``namespaces``:
   list, watch, so kopf can discover its resources and serve every namespace
   (cluster scope only).
@@ -132,7 +133,7 @@ NAMESPACED_RULES: tuple[PolicyRule, ...] = (
     PolicyRule(
         api_groups=("treadle.dev",),
         resources=("workflowschedules",),
-        verbs=("get", "list", "watch"),
+        verbs=("get", "list", "watch", "patch"),
     ),
     PolicyRule(
         api_groups=("treadle.dev",),

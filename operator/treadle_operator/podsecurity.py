@@ -36,6 +36,10 @@ from treadle_operator.models import WorkflowDeploymentSpec
 
 DEFAULT_POD_SECURITY: dict[str, Any] = {
     "runAsNonRoot": True,
+    # The World Secret's files are mounted 0440 (transport.FILE_MODE), root's: a real
+    # kubelet gives them this group, which every container's processes join, so the
+    # image's user (10001 in docker/Dockerfile, or any other) can read them.
+    "fsGroup": 10001,
     "seccompProfile": {"type": "RuntimeDefault"},
 }
 DEFAULT_CONTAINER_SECURITY: dict[str, Any] = {

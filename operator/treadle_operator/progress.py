@@ -52,12 +52,15 @@ class RunView:
     failed: int = 0
     waits: dict[str, str] = field(default_factory=dict)  # open wait -> resume_at
     hooks: dict[str, str] = field(default_factory=dict)  # open hook -> token
+    finished: bool = False  # its terminal event is folded in
 
     def apply(self, logged: events.LoggedEvent) -> None:
         if logged.slot <= self.after_slot:
             return
         self.after_slot = logged.slot
         event = logged.event
+        if event.type in events.RUN_TERMINAL_TYPES:
+            self.finished = True
         key = event.correlation_id or ""
         match event:
             case events.StepCreated():

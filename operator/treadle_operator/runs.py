@@ -70,8 +70,8 @@ def _status(body: dict[str, Any]) -> WorkflowRunStatus:
 async def _patch(state: State, body: dict[str, Any], status: WorkflowRunStatus) -> None:
     meta = body["metadata"]
     shown = runstatus.present_for(body, status)
+    await label(state, body, shown)  # before the status, as in sync: they never disagree
     await state.kube.patch_status(PLURAL, meta["namespace"], meta["name"], models.dump(shown))
-    await label(state, body, shown)
 
 
 async def label(state: State, body: dict[str, Any], status: WorkflowRunStatus) -> None:

@@ -1,8 +1,8 @@
 """The WorkflowSchedule custom resource (``wfsched``), as pydantic models.
 
-Cron with a time zone; each firing makes a WorkflowRun (``schedules``,
-docs/operator-schedules.md). Kept apart from ``models`` (the other kinds) by
-size; ``treadle crds`` reads both.
+Cron with a time zone, put in the World as a schedule; each firing's run is shown as a
+WorkflowRun (``schedules``, ``schedulesync``, docs/operator-schedules.md). Kept apart
+from ``models`` (the other kinds) by size; ``treadle crds`` reads both.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ class WorkflowScheduleSpec(_Model):
         default=None,
         ge=0,
         description="a firing not started within this many seconds of its time is skipped "
-        "(and counted as missed); unset: no deadline",
+        "(and counted as missed); of the due firings only the latest fires; unset: a year",
     )
     suspend: bool = Field(default=False, description="fire nothing while true")
     successful_runs_history_limit: int = Field(
@@ -54,7 +54,8 @@ class WorkflowScheduleSpec(_Model):
         default=1, ge=0, le=1000, description="Failed or Cancelled WorkflowRuns to keep"
     )
     run_template: WorkflowRunSpec = Field(
-        description="the spec of each WorkflowRun fired (its runKey is the schedule time)"
+        description="the workflow, input and deployment of each firing's run, and the spec of "
+        "the WorkflowRun that shows it"
     )
 
 
@@ -66,7 +67,14 @@ class ScheduledRunRef(_Model):
 
 class WorkflowScheduleStatus(_Model):
     observed_generation: int | None = None
+    world_schedule: str | None = Field(
+        default=None, description="the World schedule this object is put as (namespace.name)"
+    )
+    revision: str | None = Field(
+        default=None, description="the deployment revision its runs start on (the latest ready)"
+    )
     last_schedule_time: str | None = Field(default=None, description="the latest firing run")
+    last_run_id: str | None = Field(default=None, description="the run of the latest firing")
     last_successful_time: str | None = Field(
         default=None, description="when the latest Completed run of this schedule ended"
     )
@@ -75,8 +83,14 @@ class WorkflowScheduleStatus(_Model):
     active_count: int = 0
     missed_schedules: int = Field(
         default=0,
-        description="schedule times passed over since lastScheduleTime (operator down, "
-        "suspended, Forbid, past startingDeadlineSeconds); 101 means more than 100",
+        description="schedule times passed over (workers down, suspended, older than "
+        "startingDeadlineSeconds, or before the latest due one), as the World counts them",
+    )
+    skipped_schedules: int = Field(
+        default=0, description="firings skipped because a run was active (Forbid)"
+    )
+    last_mirrored_time: str | None = Field(
+        default=None, description="the latest firing shown as a WorkflowRun (pruned ones stay so)"
     )
     conditions: list[Condition] = Field(default=[])
 

@@ -18,6 +18,14 @@ class OperatorSettings(BaseSettings):
         description="how often a WorkflowDeployment's revisions are looked at again "
         "(readiness, draining); changes to the object are handled at once",
     )
+    TREADLE_OPERATOR_SCHEDULE_SYNC_SECONDS: float = Field(
+        default=5.0,
+        gt=0,
+        le=3600,
+        description="how often a WorkflowSchedule is put in its World again (a new revision) "
+        "and its status, mirrors and history synced from there (runs it fires are also "
+        "mirrored as the World reports them)",
+    )
     TREADLE_OPERATOR_TTL_CHECK_SECONDS: float = Field(
         default=10.0, gt=0, le=3600, description="how often finished runs' TTLs are checked"
     )

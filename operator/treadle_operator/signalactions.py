@@ -21,6 +21,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from treadle import errors as engine_errors
 from treadle import hookresume, hooktokens, serde
 from treadle import runwrites as out_of_band
+from treadle.orchestrator import children as child_effects
 from treadle.world import events, messages
 from treadle.world.records import HookRecord
 from treadle_operator import models, signaltargets
@@ -248,6 +249,7 @@ async def cancel(
     target = await _live_target(state, body, spec)
     reason = (spec.cancel.reason if spec.cancel else None) or f"WorkflowSignal {where(body)}"
     await _append(target, body, events.RunCancelled(reason=reason))
+    await child_effects.after_end(target.world, target.run_id)  # child workflows' policy
     if state.sync.tracks(target.run_id):
         state.sync.poke(target.run_id)
     return Outcome(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from typing import Any
 
 from treadle_operator.kube import Kube
 from treadle_operator.settings import OperatorSettings
@@ -26,6 +27,15 @@ class Owner:
     mirror_ttl_seconds: int = MIRROR_TTL_SECONDS  # a mirrored WorkflowRun's TTL
 
 
+@dataclass(frozen=True)
+class ScheduleOwner:
+    """A WorkflowSchedule put in a World (``schedulesync``): the object as last reconciled
+    and the revision its runs start on, so a run it fires is mirrored as it is created."""
+
+    body: dict[str, Any]
+    deployment_id: str | None
+
+
 @dataclass
 class State:
     settings: OperatorSettings
@@ -34,6 +44,7 @@ class State:
     sync: StatusSync
     owners: dict[str, Owner] = field(default_factory=dict)  # revision id -> its deployment
     namespaces: tuple[str, ...] = ()  # the namespaces served; empty: every namespace
+    schedules: dict[str, ScheduleOwner] = field(default_factory=dict)  # World schedule name
     _locks: dict[str, asyncio.Lock] = field(default_factory=dict)
     starts: Starts = field(init=False)  # WorkflowRuns being started, with backoff
 

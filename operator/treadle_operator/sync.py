@@ -40,7 +40,7 @@ from typing import Any, Protocol
 from treadle import errors as engine_errors
 from treadle import payloads
 from treadle.world import contract, events
-from treadle_operator import debounce, metrics, models, runstatus
+from treadle_operator import attrlabels, debounce, metrics, models, runstatus
 from treadle_operator.models import WorkflowRunStatus
 from treadle_operator.progress import RunView, status_of
 
@@ -82,6 +82,7 @@ class Tracked:
     view: RunView = field(default_factory=RunView)
     body: dict[str, Any] = field(default_factory=dict)
     keys: payloads.KeyRing | None = None  # the deployment's payload keys, to show output
+    attributes: dict[str, Any] | None = None  # the run's, as last read (None: not yet)
 
 
 class StatusSync:
@@ -284,20 +285,18 @@ class StatusSync:
         if tracked is None:
             return
         world = tracked.world
-        phase_news = False
-        while True:
-            page = await world.events.list(run_id, after_slot=tracked.view.after_slot)
-            for logged in page.events:
-                tracked.view.apply(logged)
-                phase_news = phase_news or logged.event.type in PHASE_EVENTS
-            if not page.has_more or not page.events:
-                break
+        phase_news = await self._catch_up(run_id, tracked)
         if run_id in self._later and not phase_news:
             return  # a paced patch is due anyway: it reads the run then
         try:
             run = await world.runs.get(run_id)
         except engine_errors.RunNotFound:
             return
+        if run.is_terminal and not tracked.view.finished:
+            # It ended between the two reads: its last events (the final step's outcome)
+            # are in the log now, and a finished status must count them.
+            await self._catch_up(run_id, tracked)
+        tracked.attributes = dict(run.attributes)
         status = runstatus.present_for(
             tracked.body, status_of(run, tracked.view, tracked.status, keys=tracked.keys)
         )
@@ -313,26 +312,45 @@ class StatusSync:
             return
         await self._write(run_id, tracked, status, before)
 
+    async def _catch_up(self, run_id: str, tracked: Tracked) -> bool:
+        """Fold the run's events past the view into it; True if one changes its phase."""
+        phase_news = False
+        while True:
+            page = await tracked.world.events.list(run_id, after_slot=tracked.view.after_slot)
+            for logged in page.events:
+                tracked.view.apply(logged)
+                phase_news = phase_news or logged.event.type in PHASE_EVENTS
+            if not page.has_more or not page.events:
+                return phase_news
+
     async def _write(
         self, run_id: str, tracked: Tracked, status: WorkflowRunStatus, before: str
     ) -> None:
         timer = self._later.pop(run_id, None)
         if timer is not None:
             timer.cancel()
-        wire = models.dump(status)
-        if not await self._sink.patch_status(PLURAL, tracked.namespace, tracked.name, wire):
-            self.untrack(run_id)
-            return
-        self._pacer.patched(run_id, asyncio.get_running_loop().time())
-        tracked.status = tracked.shown = status
+        # Labels first, then the status: whoever sees the new condition (``kubectl wait
+        # --for=condition=Succeeded``) then finds the phase label to match (``-l
+        # treadle.dev/phase=Completed``); the other order let a reader see them disagree.
         deployment = str((tracked.body.get("spec") or {}).get("deployment") or "")
-        labels = runstatus.label_patch(tracked.body, runstatus.labels(deployment, status))
+        have = (tracked.body.get("metadata") or {}).get("labels") or {}
+        wanted: dict[str, str | None] = {}
+        if tracked.attributes is not None:  # issue 17 item 2: attrlabels
+            wanted.update(attrlabels.wanted(have, tracked.attributes))
+        wanted.update(runstatus.labels(deployment, status))
+        labels = runstatus.label_patch(tracked.body, wanted)
         if labels and await self._sink.patch_labels(
             PLURAL, tracked.namespace, tracked.name, labels
         ):
             meta = tracked.body.setdefault("metadata", {})
             merged = {**(meta.get("labels") or {}), **labels}
             meta["labels"] = {k: v for k, v in merged.items() if v is not None}
+        wire = models.dump(status)
+        if not await self._sink.patch_status(PLURAL, tracked.namespace, tracked.name, wire):
+            self.untrack(run_id)
+            return
+        self._pacer.patched(run_id, asyncio.get_running_loop().time())
+        tracked.status = tracked.shown = status
         if status.phase != before and status.phase in models.FINISHED_PHASES:
             metrics.RUNS_FINISHED.inc(namespace=tracked.namespace, phase=status.phase)
         # A mirrored run (started from code) gets an Event only when it fails (R5 (e)).

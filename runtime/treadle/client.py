@@ -1,5 +1,9 @@
 """``Workflows``: the registry users decorate, and the client that starts and drives runs.
 
+The run handle it returns is ``treadle.runhandle.Run``; recording a run and its start
+message is ``treadle.runstart`` (both re-exported here: ``treadle.client.Run``,
+``start_run``, ``minted_spec_version``).
+
 It opens its World lazily (``TREADLE_WORLD``, default ``local:.treadle``, or
 ``Workflows(world=...)``). On the local World it also runs an in-process
 worker, so ``await app.start(...)`` followed by ``await run.result()`` just
@@ -10,187 +14,72 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from datetime import timedelta
 from types import TracebackType
-from typing import Any, ParamSpec, TypeVar, overload
+from typing import Any, ParamSpec, TypeVar, cast, overload
 
 from pydantic import BaseModel, JsonValue
 
 import treadle.telemetry.hooks as telemetry_hooks
 from treadle import (
     errors,
+    hookredirects,
     hookresume,
     hooktokens,
     limits,
     payloads,
-    resultwait,
+    runstart,
+    runtimeouts,
     serde,
     settings,
+    startoptions,
 )
-from treadle import runwrites as out_of_band
-from treadle.orchestrator import compat
+from treadle.lint import onload as lint_onload
+from treadle.orchestrator import compat, limitgate
 from treadle.orchestrator.runtime import Runtime
 from treadle.orchestrator.worker import Role, Worker
-from treadle.sdk import functions
-from treadle.world import constants, contract, events, ids, messages, records, specversions
+from treadle.runhandle import Run as Run  # re-exported: treadle.client.Run
+from treadle.runstart import minted_spec_version as minted_spec_version
+from treadle.runstart import start_run as start_run
+from treadle.schedules import api as schedules_api
+from treadle.schedules import spec as schedule_spec
+from treadle.sdk import children as sdk_children
+from treadle.sdk import context as sdk_context
+from treadle.sdk import functions, limiting
+from treadle.sdk.durations import Duration
+from treadle.world import attributes as run_attributes
+from treadle.world import (
+    contract,
+    ids,
+    records,
+)
 from treadle.worlds import open_world
 
 log = logging.getLogger("treadle.client")
-
-# A start_on_latest start refused because its latest retired meanwhile reads again.
-LATEST_START_ATTEMPTS = 3
 
 P = ParamSpec("P")
 R = TypeVar("R")
 
 
-class Run:
-    """A handle on one run."""
-
-    def __init__(self, app: Workflows, run_id: str) -> None:
-        self.app = app
-        self.run_id = run_id
-
-    def __repr__(self) -> str:
-        return f"<Run {self.run_id}>"
-
-    async def get(self) -> records.RunRecord:
-        world = await self.app.world()
-        return await world.runs.get(self.run_id)
-
-    async def status(self) -> str:
-        return (await self.get()).status
-
-    async def events(self) -> list[events.LoggedEvent]:
-        world = await self.app.world()
-        out: list[events.LoggedEvent] = []
-        after = 0
-        while True:
-            page = await world.events.list(self.run_id, after_slot=after)
-            out.extend(page.events)
-            if not page.has_more:
-                return out
-            after = page.cursor
-
-    async def result(self, timeout: float | None = None) -> Any:
-        """The run's output; raises ``RunFailedError``, ``RunCancelledError`` or TimeoutError."""
-        world = await self.app.world()
-        poll = self.app.settings.TREADLE_RESULT_POLL_SECONDS
-        run = await resultwait.RunEnd(world, self.run_id, poll).wait(timeout)
-        self.app.use_payload_keys()
-        return _outcome(run)
-
-    async def cancel(self, reason: str | None = None) -> None:
-        """Cancel the run (out-of-band ``run_cancelled``); pending timers find it ended."""
-        if reason is not None:
-            limits.check_string(reason, "cancel reason")
-        world = await self.app.world()
-        compat.require_known_format(await world.runs.get(self.run_id))
-        await world.events.create(self.run_id, events.RunCancelled(reason=reason), in_band=False)
-
-    async def wake_up(self, waits: list[str] | None = None) -> int:
-        """Ask the orchestrator to end the run's sleeps now; returns how many were asked.
-
-        On a spec 9 run the request is recorded in the log (``wake_requested``) before
-        the wake is sent, so it is not lost when the wake is coalesced into a running
-        delivery. On a spec 8 run each asked sleep is completed here (out-of-band
-        ``wait_completed``), then one wake is sent; the count is of the sleeps this call
-        completed (one another writer completed first is not counted). On a run that
-        has ended it records and sends nothing and returns 0 (no error): the World
-        refuses writes to a terminal run (``RunExpired``), also when the run ends
-        between the read here and the write. The wake carries the run's own version.
-        """
-        world = await self.app.world()
-        run = compat.require_known_format(await world.runs.get(self.run_id))
-        if run.is_terminal:
-            return 0
-        return await out_of_band.wake_up(world, run, await self.events(), waits)
+# -- child workflows (docs/children.md) ----------------------------------------------
 
 
-@telemetry_hooks.run_start
-async def start_run(
-    world: contract.World,
-    *,
-    name: str,
-    data: JsonValue,
-    deployment_id: str,
-    spec_version: int,
-    run_id: str,
-    attributes: dict[str, JsonValue] | None = None,
-    limits_: limits.Limits | None = None,
-) -> records.RunRecord:
-    """Record a run and send its first orchestrator message.
-
-    The input is checked against ``treadle.limits`` first: a refused input
-    records nothing. An input too large for a queue message is left out of the
-    start message (the orchestrator reads it from the log: no turbo start), so
-    a start is never refused by the queue after its run is recorded.
-
-    Safe to retry with the same ``run_id``: the World returns the run already
-    recorded, and a second start message is only a wake for a run that exists.
-    ``FenceNotSupported`` (nothing recorded) for a spec 9 run on a World without the
-    in-band fence (``Workflows.start`` never asks for one there: it mints 8).
-    """
-    limits.check_value(data, f"workflow {name} input", limits_, envelope=2)
-    if attributes:
-        limits.check_value(attributes, f"workflow {name} attributes", limits_)
-    compat.require_fence(world, spec_version)
-    run = await world.runs.create(
-        workflow_name=name,
-        input=data,
-        deployment_id=deployment_id,
-        spec_version=spec_version,
-        run_id=run_id,
-        attributes=attributes,
+def _child_start(
+    workflow: functions.WorkflowFunction[Any, Any] | sdk_children.ChildOptions,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> sdk_children.ChildHandle | None:
+    """``app.start`` inside a workflow: a child run's handle (None outside one)."""
+    replay = sdk_context.current_replay()
+    if replay is None:
+        return None
+    options = (
+        workflow
+        if isinstance(workflow, sdk_children.ChildOptions)
+        else sdk_children.ChildOptions(workflow)
     )
-    await world.queue.send(_start_message(run, data))
-    return run
-
-
-_mint_warned: set[str] = set()
-
-
-def minted_spec_version(current: settings.Settings, world: contract.World) -> int:
-    """The format a new run gets (seed 003 "How new runs get their version"): minting is
-    the only reader of ``WORKFLOW_SPEC_VERSION``; its warning is logged once per process."""
-    minted = specversions.mint(
-        current.WORKFLOW_SPEC_VERSION, in_band_fence=world.capabilities.in_band_fence
-    )
-    if minted.warning is not None and minted.warning not in _mint_warned:
-        _mint_warned.add(minted.warning)
-        log.warning("%s (%s)", minted.warning, compat.world_name(world))
-    return minted.version
-
-
-def _start_message(run: records.RunRecord, data: JsonValue) -> messages.OrchestratorMessage:
-    """The run's start message; carrying its input (turbo) only if it fits a message."""
-    message = messages.OrchestratorMessage(
-        run_id=run.run_id,
-        deployment_id=run.deployment_id,
-        run_input=messages.RunInput(
-            workflow_name=run.workflow_name,
-            input=data,
-            spec_version=run.spec_version,
-            deployment_id=run.deployment_id,
-            created_at=run.created_at,
-        ),
-    )
-    if len(message.model_dump_json().encode()) > constants.MAX_MESSAGE_BYTES - 1024:
-        return _wake(run)
-    return message
-
-
-def _wake(run: records.RunRecord) -> messages.OrchestratorMessage:
-    return out_of_band.wake_message(run)
-
-
-def _outcome(run: records.RunRecord) -> Any:
-    if run.status == "completed":
-        return serde.decode(run.output, f"run {run.run_id} output")
-    if run.status == "cancelled":
-        raise errors.RunCancelledError(run.run_id)
-    error = run.error or events.ErrorInfo(message="unknown error")
-    raise errors.RunFailedError(run.run_id, error.message, error_type=error.type)
+    return sdk_children.start(replay, options, args, kwargs)
 
 
 class _Unread:
@@ -233,6 +122,10 @@ class Workflows:
         name: str | None = None,
         start_on_latest: bool = False,
         compatible: str | None = None,
+        concurrency: limiting.Limit | None = None,
+        rate: limiting.Rate | None = None,
+        priority: int = 0,
+        timeout: Duration | None = None,
     ) -> Callable[[Callable[P, Awaitable[R]]], functions.WorkflowFunction[P, R]]: ...
 
     def workflow(
@@ -243,6 +136,10 @@ class Workflows:
         name: str | None = None,
         start_on_latest: bool = False,
         compatible: str | None = None,
+        concurrency: limiting.Limit | None = None,
+        rate: limiting.Rate | None = None,
+        priority: int = 0,
+        timeout: Duration | None = None,
     ) -> Any:
         """Register an ``async def`` as a workflow (``@app.workflow`` or ``(name=...)``).
 
@@ -251,12 +148,19 @@ class Workflows:
         ``compatible="orders-v3"``: the promise that this code replays the logs of any
         revision whose workflow of this name declares the same tag, so its runs may be
         moved here (``treadle runs move``, the operator's ``MoveRuns``).
+        ``concurrency=Limit(key=..., max=N)``, ``rate=Rate(key=..., per_second=...)``: its
+        runs share slots and a start rate per key across the World; ``priority``: its
+        runs' default place among waiters (``docs/limits.md``).
+        ``timeout="1h"``: the run timeout its runs record at their start unless the start
+        passes its own; past it the run fails with ``RunTimedOut`` (docs/timeouts.md).
         """
 
         def register(f: Callable[..., Awaitable[Any]]) -> functions.WorkflowFunction[..., Any]:
+            where = f"workflow {name or f.__name__}"
             wf: functions.WorkflowFunction[..., Any] = functions.WorkflowFunction(
                 f, name=name or f.__name__, start_on_latest=start_on_latest,
-                compatible=compatible,
+                compatible=compatible, limits=limiting.declared(where, concurrency, rate),
+                priority=priority, timeout=timeout,
             )  # fmt: skip
             if wf.name in self._workflows:
                 raise ValueError(f"a workflow named {wf.name!r} is registered already")
@@ -271,7 +175,15 @@ class Workflows:
     def step(self, fn: Callable[P, R], /) -> functions.StepFunction[P, R]: ...
     @overload
     def step(
-        self, /, *, name: str | None = None, max_retries: int = functions.DEFAULT_MAX_RETRIES
+        self,
+        /,
+        *,
+        name: str | None = None,
+        max_retries: int = functions.DEFAULT_MAX_RETRIES,
+        concurrency: limiting.Limit | None = None,
+        rate: limiting.Rate | None = None,
+        timeout: Duration | None = None,
+        heartbeat_timeout: Duration | None = None,
     ) -> Callable[[Callable[P, Any]], functions.StepFunction[P, Any]]: ...
 
     def step(
@@ -281,13 +193,28 @@ class Workflows:
         *,
         name: str | None = None,
         max_retries: int = functions.DEFAULT_MAX_RETRIES,
+        concurrency: limiting.Limit | None = None,
+        rate: limiting.Rate | None = None,
+        timeout: Duration | None = None,
+        heartbeat_timeout: Duration | None = None,
     ) -> Any:
-        """Register a step (``async def`` or plain ``def``, which runs in a thread)."""
+        """Register a step (``async def`` or plain ``def``, which runs in a thread).
+
+        ``concurrency=`` and ``rate=`` limit its attempts per key across the World; such
+        a step runs from its own queue message, never inline (``docs/limits.md``).
+
+        ``timeout="30s"``: each attempt's start-to-close timeout; ``heartbeat_timeout``:
+        the longest gap between ``step_heartbeat()`` calls. An attempt past either fails
+        with ``StepTimedOut`` and is retried per ``max_retries`` (docs/timeouts.md).
+        """
 
         def register(f: Callable[..., Any]) -> functions.StepFunction[..., Any]:
+            where = f"step {name or f.__name__}"
             st: functions.StepFunction[..., Any] = functions.StepFunction(
-                f, name=name or f.__name__, max_retries=max_retries
-            )
+                f, name=name or f.__name__, max_retries=max_retries,
+                limits=limiting.declared(where, concurrency, rate), timeout=timeout,
+                heartbeat_timeout=heartbeat_timeout,
+            )  # fmt: skip
             if st.name in self._steps:
                 raise ValueError(f"a step named {st.name!r} is registered already")
             self._steps[st.name] = st
@@ -386,6 +313,9 @@ class Workflows:
         None: ``TREADLE_WORKER_CONCURRENCY``, else derived (``orchestrator.concurrency``)."""
         self._want_worker = False
         world = await self.world()
+        if role in ("all", "orchestrator"):  # the determinism linter (docs/lint.md)
+            served = {name: wf.fn for name, wf in self._workflows.items()}
+            await lint_onload.check_on_load(served, self.settings.TREADLE_LINT_ON_LOAD)
         worker = Worker(self.runtime(world), role=role, concurrency=concurrency)
         await worker.start()
         self._worker = worker
@@ -414,46 +344,134 @@ class Workflows:
     # -- runs -----------------------------------------------------------------------------
 
     async def start(
-        self, workflow: functions.WorkflowFunction[P, Any] | str, /, *args: Any, **kwargs: Any
+        self,
+        workflow: functions.WorkflowFunction[P, Any] | sdk_children.ChildOptions | str,
+        /,
+        *args: Any,
+        attributes: Mapping[str, Any] | startoptions.Unset | None = startoptions.UNSET,
+        priority: int | startoptions.Unset | None = startoptions.UNSET,
+        timeout: Duration | startoptions.Unset | None = startoptions.UNSET,
+        **kwargs: Any,
     ) -> Run:
-        """Start a run of ``workflow`` with these arguments; returns at once."""
-        name = workflow if isinstance(workflow, str) else workflow.name
-        self.get_workflow(name)
+        """Start a run of ``workflow`` with these arguments; returns at once.
+
+        The start's own keywords (the run's options, never passed to the workflow):
+
+        - ``attributes``: the run's first attributes (``run_created``), searchable at
+          once (docs/attributes.md); checked before anything is recorded;
+        - ``priority`` (default: the workflow's): its place among runs waiting on the
+          same limit, higher first, first come first within one priority (docs/limits.md);
+        - ``timeout``: this run's run timeout, over the workflow's own (docs/timeouts.md).
+
+        ``app.start(workflow.options(attributes=..., priority=..., timeout=...), *args,
+        **kwargs)`` binds them to the workflow instead, and then every keyword of the
+        call is the workflow's: the way to start a workflow whose own parameter is named
+        ``attributes``, ``priority`` or ``timeout``. Passing such a keyword to a workflow
+        with a parameter of that name that the positional arguments leave unfilled is
+        ``StartOptionClash``, nothing recorded (docs/timeouts.md "Start options").
+
+        Inside a workflow it starts a child run instead and returns a
+        ``treadle.ChildHandle`` (``run_id``, ``await handle.result()``), typed here as
+        the ``Run`` it stands for (docs/children.md); a child run takes none of the
+        options above (a ``ValueError`` at the call).
+        """
+        if isinstance(workflow, str):
+            workflow = self.get_workflow(workflow)
+        given = startoptions.passed(attributes=attributes, priority=priority, timeout=timeout)
+        in_workflow = sdk_context.current_replay() is not None
+        options, kwargs = startoptions.resolve(workflow, given, args, kwargs, child=in_workflow)
+        child = _child_start(workflow, args, kwargs)
+        if child is not None:
+            return cast(Run, child)
+        name = workflow.name
+        wf = self.get_workflow(name)
+        seeded = None
+        if options.attributes is not None:
+            seeded = run_attributes.check_attributes(options.attributes, "app.start()", self.limits)
+        keys = None
+        if wf.limits.any:  # a key the input cannot give: refused here, nothing recorded
+            keys = limitgate.keys_for(wf.limits, args, kwargs, f"workflow {name}")
         self.use_payload_keys()
         data = functions.encode_arguments(args, kwargs, f"workflow {name}", limits_=self.limits)
-        return await self.start_encoded(name, data)
+        return await self.start_encoded(
+            name,
+            data,
+            attributes=seeded,
+            priority=options.priority,
+            limit_keys=keys,
+            timeout=options.timeout,
+            start_on_latest=options.start_on_latest,
+        )
 
-    async def start_encoded(self, name: str, data: JsonValue) -> Run:
-        world = await self.world()
-        spec = minted_spec_version(self.settings, world)
-        deployment = self.settings.TREADLE_DEPLOYMENT_ID
+    async def start_encoded(
+        self,
+        name: str,
+        data: JsonValue,
+        *,
+        attributes: Mapping[str, Any] | None = None,
+        priority: int | None = None,
+        limit_keys: tuple[str | None, str | None] | None = None,
+        timeout: Duration | None = None,
+        start_on_latest: bool | None = None,
+    ) -> Run:
+        """Start a run of workflow ``name`` whose input is encoded already (the CLI's,
+        ``treadle serve``'s): ``start``'s options as keywords (``start_on_latest`` None:
+        the workflow's own setting)."""
+        seeded = None
+        if attributes is not None:
+            seeded = run_attributes.check_attributes(attributes, "app.start()", self.limits)
+        self.use_payload_keys()  # a stored input decoded for its limit keys opens here
+        limit = limitgate.entry(self._workflows.get(name), name, data, priority, limit_keys)
         wf = self._workflows.get(name)
-        deployments = getattr(world, "deployments", None)
-        on_latest = wf is not None and wf.start_on_latest and deployments is not None
+        # Run timeouts (issue 17 item 5): recorded in run_created's input; checked first.
+        data = runtimeouts.with_timeout(
+            data, timeout, wf.timeout if wf is not None else None, workflow=name
+        )
+        world = await self.world()
+        if limit is not None:
+            limitgate.require_store(world, f"workflow {name}")
+        spec = minted_spec_version(self.settings, world)
+        runtimeouts.require_spec9(runtimeouts.recorded(data), spec, name)
+        if start_on_latest is None:
+            start_on_latest = wf is not None and wf.start_on_latest
         run_id = ids.new_run_id()
-        for attempt in range(1, LATEST_START_ATTEMPTS + 1):
-            if on_latest and deployments is not None:
-                deployment = await deployments.latest() or deployment
-            try:
-                await start_run(
-                    world,
-                    name=name,
-                    data=data,
-                    deployment_id=deployment,
-                    spec_version=spec,
-                    run_id=run_id,
-                    limits_=self.limits,
-                )
-                break
-            except errors.DeploymentRetired:
-                # The latest was retired between the read and the write (review R1):
-                # nothing was recorded; read the new latest and start there.
-                if not on_latest or attempt == LATEST_START_ATTEMPTS:
-                    raise
-                log.info(
-                    "run %s: %s retired meanwhile; starting on the new latest", run_id, deployment
-                )
+        await runstart.start_on(
+            world,
+            self.settings.TREADLE_DEPLOYMENT_ID,
+            start_on_latest,
+            name=name,
+            data=data,
+            spec_version=spec,
+            run_id=run_id,
+            attributes=seeded,
+            limits_=self.limits,
+            limit=limit,
+        )
         return Run(self, run_id)
+
+    async def list_runs(
+        self,
+        *,
+        workflow: str | None = None,
+        status: records.RunStatus | None = None,
+        attributes: Mapping[str, JsonValue] | None = None,
+        limit: int = 100,
+    ) -> list[records.RunRecord]:
+        """Runs newest first, up to ``limit``: of ``workflow``, in ``status``, holding every
+        one of ``attributes`` (scalars, equality; docs/attributes.md)."""
+        world = await self.world()
+        found: list[records.RunRecord] = []
+        cursor: str | None = None
+        while len(found) < limit:
+            page = await world.runs.list(
+                workflow_name=workflow, status=status, attributes=attributes,
+                limit=min(limit - len(found), 100), cursor=cursor,
+            )  # fmt: skip
+            found += page.runs
+            cursor = page.next_cursor
+            if cursor is None:
+                break
+        return found
 
     def get_run(self, run_id: str) -> Run:
         if not ids.is_run_id(run_id):
@@ -467,7 +485,9 @@ class Workflows:
 
         Raises ``HookNotFound`` when no live hook holds the token (never created,
         disposed, already resumed, or its run ended, even between the lookup and the
-        write); ``HookSignatureInvalid`` (nothing written) when the hook was created
+        write), ``HookRunEnded`` (a ``HookNotFound``) when an ended run retains it; a
+        token force-claimed between the lookup and the write is followed to its new
+        owner (up to 3 times); ``HookSignatureInvalid`` (nothing written) when the hook was created
         with ``require_signature=True`` and ``signature`` is missing or is not
         ``hook_signature(token, TREADLE_HOOK_KEY)``; ``HookPayloadNotRecorded`` when
         the write failed and recorded nothing (safe to call again); ``HookWakeFailed``
@@ -477,12 +497,23 @@ class Workflows:
         limits.check_hook_token(token, self.limits)
         world = await self.world()
         stored = hooktokens.stored(token, self.limits.hook_token_namespace)
-        try:
-            hook = await world.hooks.get_by_token(stored)
-        except errors.HookNotFound:
-            raise errors.HookNotFound(token) from None
-        hooktokens.check_signature(token, hook.metadata, signature, self._hook_key())
-        return await self.resume_found_hook(token, hook, payload)
+        redirects = 0
+        while True:
+            try:
+                hook = await world.hooks.get_by_token(stored)
+            except errors.HookNotFound:
+                raise errors.HookNotFound(token) from None
+            hooktokens.check_signature(token, hook.metadata, signature, self._hook_key())
+            await hookredirects.check_live(world, token, hook)  # HookRunEnded (retained)
+            try:
+                return await self.resume_found_hook(token, hook, payload)
+            except errors.HookNotFound:
+                # Force-claimed between the lookup and the write: follow it (seed 003).
+                if redirects >= hookredirects.MAX_FORCE_CLAIM_REDIRECTS or (
+                    await hookredirects.force_claimed_by(world, hook) is None
+                ):
+                    raise
+                redirects += 1
 
     async def resume_found_hook(self, token: str, hook: records.HookRecord, payload: Any) -> Run:
         """``resume_hook``'s writes, for a live hook the caller looked up and checked
@@ -514,3 +545,46 @@ class Workflows:
         if self._hook_key_read is None:
             self._hook_key_read = (self.settings.secret_url("TREADLE_HOOK_KEY"),)
         return self._hook_key_read[0]
+
+    # -- schedules (issue 17 item 3: treadle.schedules, docs/schedules.md) ----------------
+
+    async def schedule(
+        self,
+        name: str,
+        workflow: functions.WorkflowFunction[..., Any] | str,
+        *,
+        cron: str = "0 * * * *",
+        timezone: str | None = None,
+        overlap: str = schedule_spec.DEFAULT_OVERLAP,
+        catchup_window: float | timedelta = schedule_spec.DEFAULT_CATCHUP_WINDOW,
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        input: JsonValue = None,
+        paused: bool = False,
+        deployment: str | None = None,
+        catchup: str = "all",
+    ) -> schedules_api.Schedule:
+        """Create or update the schedule ``name`` in the World: a run of ``workflow`` (with
+        ``args``/``kwargs``, or ``input`` already encoded) at every ``cron`` time in
+        ``timezone`` (UTC), under the ``overlap`` policy (skip, buffer_one, allow,
+        cancel_other) and catching up missed firings within ``catchup_window``: ``all`` of
+        them, or only the ``latest`` (CronJob's rule). ``deployment``: the deployment id its
+        runs start on (its workers fire it); None: any worker serving the workflow, on its
+        own. Bad input is ``ScheduleInvalid`` naming the field, before anything is recorded."""
+        return await schedules_api.put(
+            self, name, workflow, cron=cron, timezone=timezone, overlap=overlap,
+            catchup_window=catchup_window, args=args, kwargs=kwargs, input=input, paused=paused,
+            deployment=deployment, catchup=catchup,
+        )  # fmt: skip
+
+    def get_schedule(self, name: str) -> schedules_api.Schedule:
+        """A handle on the schedule ``name`` (pause, resume, trigger, backfill...)."""
+        return schedules_api.Schedule(self, name)
+
+    async def list_schedules(self, *, limit: int = 1000) -> list[records.ScheduleRecord]:
+        return await schedules_api.list_schedules(self, limit=limit)
+
+    def schedules_changed(self) -> None:
+        """Wake this process's firing loop (a schedule changed here)."""
+        if self._worker is not None:
+            self._worker.schedules_changed()

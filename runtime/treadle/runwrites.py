@@ -42,8 +42,8 @@ def open_waits(logged: Iterable[events.LoggedEvent]) -> list[str]:
         cid = record.correlation_id
         if cid is None:
             continue
-        if record.type == "wait_created":
-            created.append(cid)
+        if record.type == "wait_created" and getattr(record.event, "position", None) != -1:
+            created.append(cid)  # (position -1 is the run timeout: no wake-up ends it)
         elif record.type == "wait_completed":
             completed.add(cid)
     return [cid for cid in created if cid not in completed]

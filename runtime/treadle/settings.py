@@ -259,7 +259,30 @@ class Settings(BaseSettings):
         description="json: one JSON object per log line (time, level, logger, message, "
         "run_id, step, trace_id, span_id).",
     )
+    # Issue 17 item 4: concurrency and rate limits (docs/limits.md).
+    TREADLE_LIMIT_SWEEP_SECONDS: float = Field(
+        default=15.0,
+        gt=0,
+        le=3600,
+        description="How often a worker serving limited workflows or steps drops dead slot "
+        "holders and wakes the waiters they held back (the backstop for a wake lost to a "
+        "crash between a holder's end and its release).",
+    )
     # Issue 15 item 4 (pg): Run.result on the feed; prepared statements on the postgres World.
+    # Issue 17 item 3 (sc): schedules in the World (docs/schedules.md).
+    TREADLE_SCHEDULES_ENABLED: bool = Field(
+        default=True,
+        description="Whether a worker (orchestrator or all role) runs the schedules' firing "
+        "loop; every worker may run it, a firing happens once (docs/schedules.md).",
+    )
+    TREADLE_SCHEDULES_RESCAN_SECONDS: float = Field(
+        default=10.0,
+        gt=0,
+        le=3600,
+        description="The longest the firing loop sleeps before reading the schedules again: "
+        "how soon a schedule changed by another process (the CLI, another pod) is seen. A "
+        "change made through this process's app wakes it at once.",
+    )
     TREADLE_RESULT_POLL_SECONDS: float = Field(
         default=1.0,
         gt=0,
@@ -274,10 +297,10 @@ class Settings(BaseSettings):
         "transaction mode without max_prepared_statements), at a second round trip a call.",
     )
     TREADLE_DATABASE_GROUP_WRITES: bool = Field(
-        default=False,
-        description="true: the postgres World writes the out-of-band writes of one run that "
-        "queue behind one in flight (a fan-out's step starts and outcomes) in one statement; "
-        "false (default until its end-to-end fan-out cost is understood): each alone.",
+        default=True,
+        description="true (default): the postgres World writes the out-of-band writes of one "
+        "run that queue behind one in flight (a fan-out's step starts and outcomes) in one "
+        "statement; false: each alone, each waiting for the run's row in turn.",
     )
     TREADLE_WORKER_METRICS_PORT: int | None = Field(
         default=None,
@@ -285,6 +308,14 @@ class Settings(BaseSettings):
         le=65535,
         description="`treadle worker` serves Prometheus /metrics on this port (unset: off; "
         "--metrics-port wins).",
+    )
+    # Issue 17 item 9 (at): the determinism linter when a worker loads an app.
+    TREADLE_LINT_ON_LOAD: bool = Field(
+        default=True,
+        description="`treadle worker` (roles all and orchestrator) lints the source files "
+        "of its app's workflows when it starts (treadle lint's rules, docs/lint.md) and logs "
+        "each finding as a warning on treadle.lint; never fails the start. 0 turns it off.",
+        json_schema_extra={"allowed": "1 or 0 (true or false)"},
     )
     # Issue 15 item 4 (hp): fan-out width not capped by a fixed worker concurrency of 32.
     TREADLE_WORKER_CONCURRENCY: int | None = Field(
@@ -296,6 +327,20 @@ class Settings(BaseSettings):
         "CPU (32 to 1,024) when every step is async, twice the default executor's threads "
         "(at least 32) when any is sync (treadle.orchestrator.concurrency). "
         "`treadle worker --concurrency N` wins.",
+    )
+    # Issue 15 item 5 (fd): warm replay sessions (treadle.orchestrator.warm, docs/warm.md).
+    TREADLE_WARM_RUNS: int = Field(
+        default=1000,
+        ge=0,
+        description="Suspended spec 9 runs whose live replay a worker keeps for their next "
+        "delivery, which then reads only the log after it instead of loading and replaying "
+        "the whole log (a sticky cache); least recently kept evicted first; 0 turns it off.",
+    )
+    TREADLE_WARM_EVENTS: int = Field(
+        default=50_000,
+        ge=0,
+        description="Events all of a worker's warm sessions may hold together (the log "
+        "events each kept replay holds); past it the least recently kept are evicted.",
     )
 
     def payload_keys(self) -> str | None:
@@ -362,6 +407,41 @@ class Settings(BaseSettings):
     )
     TREADLE_DATABASE_SSLKEY: str | None = Field(
         default=None, description="Key (PEM) of TREADLE_DATABASE_SSLCERT."
+    )
+    # Issue 17 item 5: step heartbeats (docs/timeouts.md, orchestrator/steptimeouts.py).
+    WORKFLOW_STEP_HEARTBEAT_THROTTLE_SECONDS: float = Field(
+        default=30.0,
+        gt=0,
+        description="Longest interval between two stored heartbeats of one step attempt "
+        "(each attempt stores at most one per min(this, 0.8 x its heartbeat_timeout)).",
+    )
+    # Issue 17 item 6: streams (docs/streams.md).
+    TREADLE_MAX_STREAM_CHUNK_BYTES: int = Field(
+        default=256 * 1024,
+        ge=16,
+        le=limits.MAX_MAX_VALUE_BYTES,
+        description="Largest stream chunk, in bytes of stored JSON (256 KiB); a bigger "
+        "one is refused at writer.write(), nothing recorded.",
+    )
+    TREADLE_STREAM_FLUSH_DELAY_MS: int = Field(
+        default=0,
+        ge=0,
+        le=60_000,
+        description="How long a stream writer gathers chunks before it writes them to the "
+        "World (0: at once; chunks written while a write is in flight go in the next one).",
+    )
+    TREADLE_STREAM_BUFFER_CHUNKS: int = Field(
+        default=1000,
+        ge=1,
+        le=100_000,
+        description="Chunks a stream writer holds unwritten before writer.write() waits "
+        "for the World (back pressure); also the most chunks in one write.",
+    )
+    TREADLE_STREAM_POLL_SECONDS: float = Field(
+        default=1.0,
+        gt=0,
+        description="How often run.stream() reads again without a notification (another "
+        "process's writes on the local World, a lost LISTEN connection on Postgres).",
     )
 
     def secret_url(self, name: str) -> str | None:

@@ -16,7 +16,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
@@ -30,11 +32,18 @@ class Cluster:
     workers serve together and the test kills whichever one ran the body.
     """
 
+    #: The module every worker serves; subclasses serve their own.
+    workflows = WORKFLOWS
+    #: Settings every worker of the cluster gets, beside the World's.
+    worker_env: ClassVar[Mapping[str, str]] = {}
+
     def __init__(self, tmp_path: Path, world_env: dict[str, str], size: int) -> None:
         self.effects = tmp_path / "effects.txt"
         self.size = size
         self.env = {**os.environ, "TREADLE_TEST_EFFECTS": str(self.effects), **world_env}
         self.workers: list[subprocess.Popen[bytes]] = []
+        self.tmp_path = tmp_path
+        self.logs: dict[int, Path] = {}
 
     def cli(self, *args: str) -> str:
         result = subprocess.run(
@@ -45,12 +54,35 @@ class Cluster:
         return result.stdout
 
     def start_worker(self, **extra_env: str) -> subprocess.Popen[bytes]:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "treadle.cli", "worker", str(WORKFLOWS)],
-            env={**self.env, **extra_env},
-        )
+        """A ``treadle worker`` process; its stderr (its log) goes to a file of its own."""
+        log = self.tmp_path / f"worker-{len(self.workers)}.log"
+        with log.open("wb") as sink:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "treadle.cli", "worker", str(self.workflows)],
+                env={**self.env, **self.worker_env, **extra_env},
+                stderr=sink,
+            )
         self.workers.append(proc)
+        self.logs[proc.pid] = log
         return proc
+
+    def log(self, proc: subprocess.Popen[bytes]) -> str:
+        return self.logs[proc.pid].read_text(errors="replace")
+
+    def wait_for_log(
+        self, texts: tuple[str, ...], proc: subprocess.Popen[bytes], timeout: float = 30
+    ) -> None:
+        """Until the worker's own log holds one of ``texts``."""
+        deadline = time.monotonic() + timeout
+        while not any(text in self.log(proc) for text in texts):
+            assert time.monotonic() < deadline, f"never logged {texts!r}: {self.log(proc)}"
+            assert proc.poll() is None, f"the worker exited: {self.log(proc)}"
+            time.sleep(0.02)  # another process's file: nothing to await
+
+    def wait_serving(self, *procs: subprocess.Popen[bytes], timeout: float = 60) -> None:
+        """Until each worker says it serves: its subscription to the queue is up."""
+        for proc in procs:
+            self.wait_for_log(("treadle worker: serving",), proc, timeout)
 
     def start_workers(self, **extra_env: str) -> list[subprocess.Popen[bytes]]:
         return [self.start_worker(**extra_env) for _ in range(self.size)]

@@ -120,8 +120,9 @@ def _wait_listed(workers: Workers, worker_id: str) -> None:
                 try:
                     entry = await kv.get(key)
                     held = json.loads(entry.value or b"{}").get("held")
-                    # Listed, and a gated one with its run lease's token.
-                    if held and all(lease is None or token for _, lease, token in held):
+                    # Listed, and a gated one with its run lease's holder (the lease
+                    # is released by it, or by its token once that is listed too).
+                    if held and all(lease is None or rest[-1] for _, lease, *rest in held):
                         return
                 except Exception:  # not written yet
                     pass
@@ -149,6 +150,7 @@ def test_a_worker_restarted_with_its_identity_releases_what_it_held_at_once(
         "pod-a", TREADLE_TEST_HANG_FIRST_ATTEMPT="1", TREADLE_WORKER_LIVENESS_SECONDS="60"
     )
     w.wait_for_line("r start 1", first)
+    w.wait_for_start(run_id, 1)  # the kill is after the start is recorded
     _wait_listed(w, "pod-a")
     _kill(first)
     again = w.start_named("pod-a", TREADLE_WORKER_LIVENESS_SECONDS="60")
@@ -171,6 +173,7 @@ def test_a_survivor_takes_a_dead_workers_deliveries_after_its_liveness_lapses(
         "pod-a", TREADLE_TEST_HANG_FIRST_ATTEMPT="1", TREADLE_WORKER_LIVENESS_SECONDS="2"
     )
     w.wait_for_line("s start 1", doomed)
+    w.wait_for_start(run_id, 1)
     survivor = w.start_named("pod-b", TREADLE_WORKER_LIVENESS_SECONDS="2")
     w.wait_for_log(survivor, READY)
     _wait_listed(w, "pod-a")
@@ -197,6 +200,7 @@ def test_a_stalled_worker_finds_its_deliveries_lost_and_writes_no_late_outcome(
         "pod-a", TREADLE_TEST_HANG_FIRST_ATTEMPT="1", TREADLE_TEST_HANG_SECONDS="3", **inline
     )
     w.wait_for_line("t start 1", stalled)
+    w.wait_for_start(run_id, 1)
     _wait_listed(w, "pod-a")
     os.kill(stalled.pid, signal.SIGSTOP)
     survivor = w.start_named("pod-b", TREADLE_TEST_GATE=str(gate), **inline)
@@ -225,6 +229,7 @@ def test_the_local_world_releases_a_killed_workers_leases_when_the_next_one_open
         run_id = _start(w, "l")
         first = w.start_named("pod-a", TREADLE_TEST_HANG_FIRST_ATTEMPT="1")
         w.wait_for_line("l start 1", first)
+        w.wait_for_start(run_id, 1)  # the body may start before its start commits
         _kill(first)
         again = w.start_named("pod-a")
         w.wait_for_line("l start 2", again, timeout=BOUND)

@@ -137,8 +137,14 @@ class _Lazy:
                 "deployments",
                 "queue",
                 "changes",
+                "schedules",
+                "limits",  # concurrency and rate limits (issue 17 item 4)
             ):
                 setattr(self, name, getattr(self._world, name))
+            if hasattr(self._world, "heartbeats"):  # optional (step heartbeats, issue 17)
+                self.heartbeats = self._world.heartbeats
+            if hasattr(self._world, "streams"):  # issue 17 item 6
+                self.streams = self._world.streams
         return self._world
 
     async def close(self) -> None:

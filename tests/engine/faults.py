@@ -103,6 +103,9 @@ class FaultyEvents:
         self.failures_after: list[Fault] = []
         self.feed_drops: list[Fault] = []
         self.item_refusals: list[Fault] = []
+        self.reads_after_failure = 0
+        self.entity_reads_to_fail = 0
+        self.entity_reads_failed = 0
         self.trace: list[Traced] = [] if trace is None else trace
         # Every write that reached this wrapper: (first event's type, the keyword arguments).
         self.calls: list[tuple[str, dict[str, Any]]] = []
@@ -112,6 +115,11 @@ class FaultyEvents:
         self.pushed: list[tuple[events.LoggedEvent, Started | None]] = []
         # Per log read (``list`` or ``list_entity``): how many events it returned, and who read.
         self.events_read: list[tuple[int, Started | None]] = []
+        # ``hold_writes``: (matches, stall, release), and what the World answered a held write.
+        self.write_holds: list[
+            tuple[Callable[[events.Event], bool], Callable[[], None], asyncio.Event]
+        ] = []
+        self.held_answers: list[tuple[events.Event, BaseException | None]] = []
 
     def _traced(self, logged: Sequence[events.LoggedEvent]) -> None:
         by = CURRENT.get()
@@ -123,13 +131,19 @@ class FaultyEvents:
         (a non-fence error: the World committed nothing)."""
         self.failures.append(Fault(when, times))
 
-    def fail_after_writes(self, times: int = 1, when: Callable[..., bool] = lambda e: True) -> None:
+    def fail_after_writes(
+        self, times: int = 1, when: Callable[..., bool] = lambda e: True, *, then_reads: int = 0
+    ) -> None:
         """Commit the next ``times`` writes whose (first) event matches, then raise
-        StorageUnavailable: an unknown outcome (seed 003), the write is in the log."""
+        StorageUnavailable: an unknown outcome (seed 003), the write is in the log. With
+        ``then_reads``, the next that many entity reads (``list_entity``) after each such
+        write fail too (the storage is still down when the writer looks)."""
         self.failures_after.append(Fault(when, times))
+        self.reads_after_failure = then_reads
 
     def _failed_after(self, event: events.Event) -> None:
         if any(f.hit(event) for f in self.failures_after):
+            self.entity_reads_to_fail += self.reads_after_failure
             raise errors.StorageUnavailable(
                 f"injected: the write of {event.type} committed, then its answer was lost"
             )
@@ -155,9 +169,34 @@ class FaultyEvents:
         if any(f.hit(event) for f in self.failures):
             raise errors.StorageUnavailable(f"injected: the write of {event.type} failed")
 
+    def hold_writes(
+        self,
+        when: Callable[[events.Event], bool],
+        release: asyncio.Event,
+        stall: Callable[[], None] = lambda: None,
+    ) -> None:
+        """A write of a matching event (``create``) first calls ``stall`` (a blocking stall
+        of the writer's process: ``time.sleep`` past its lease), then waits for
+        ``release``, then goes to the World: a writer stuck between its last read and its
+        write. What the World answered it is recorded in ``held_answers``."""
+        self.write_holds.append((when, stall, release))
+
     async def create(self, run_id: str, event: events.Event, **kw: Any) -> records.EventResult:
         self._refused(run_id, event, kw.get("in_band", False), kw.get("expected_seq_in_band"))
         self.calls[-1][1].update(kw)
+        held = next((h for h in self.write_holds if h[0](event)), None)
+        if held is not None:
+            self.write_holds.remove(held)
+            held[1]()
+            await held[2].wait()
+            try:
+                result = await self._inner.create(run_id, event, **kw)
+            except Exception as exc:
+                self.held_answers.append((event, exc))
+                raise
+            self.held_answers.append((event, None))
+            self._traced([result.event])
+            return result
         result = await self._inner.create(run_id, event, **kw)
         self._traced([result.event])
         self._failed_after(event)
@@ -244,6 +283,10 @@ class FaultyEvents:
 
     async def list_entity(self, run_id: str, correlation_id: str, **kw: Any) -> Any:
         self.reads.append((time.monotonic(), CURRENT.get()))
+        if self.entity_reads_to_fail > 0:
+            self.entity_reads_to_fail -= 1
+            self.entity_reads_failed += 1
+            raise errors.StorageUnavailable(f"injected: reading {correlation_id}'s events failed")
         page = await self._inner.list_entity(run_id, correlation_id, **kw)
         self.events_read.append((len(page.events), CURRENT.get()))
         return page
@@ -265,6 +308,8 @@ class FaultyQueue:
         self.skews: list[tuple[Callable[[messages.Send], bool], float]] = []
         self.drops: list[Fault] = []
         self.dropped: list[messages.Send] = []
+        # Sends the inner queue raised on (say its connection was lost): traced, unknown.
+        self.unsent: list[messages.Send] = []
         self.send_holds: list[tuple[Callable[[messages.Send], bool], asyncio.Event]] = []
         self.held_sends: list[messages.Send] = []
         self.signal = Signal()
@@ -337,7 +382,11 @@ class FaultyQueue:
             if send in kept:
                 self.trace.append(Traced(next(_order), "send", name, cid, by, send))
         self.signal.ping()
-        results = iter(await self._inner.send_batch(kept) if kept else [])
+        try:
+            results = iter(await self._inner.send_batch(kept) if kept else [])
+        except BaseException:
+            self.unsent.extend(kept)  # the World's queue raised: an unknown outcome
+            raise
         return [
             next(results) if s in kept else messages.SendResult(f"dropped-{i}")
             for i, s in enumerate(sends)
@@ -404,6 +453,10 @@ class FaultyWorld:
         self.hooks = self.inner.hooks
         self.deployments = self.inner.deployments
         self.changes = self.inner.changes
+        if hasattr(self.inner, "streams"):  # issue 17 item 6
+            self.streams = self.inner.streams
+        if hasattr(self.inner, "heartbeats"):  # step heartbeats (issue 17 item 5)
+            self.heartbeats = self.inner.heartbeats
 
     async def close(self) -> None:
         await self.inner.close()

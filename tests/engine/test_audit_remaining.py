@@ -121,12 +121,13 @@ async def test_a_re_published_start_copy_of_a_running_run_changes_nothing(
     ran step a inline and waits on a hook, its delivery acked. A copy of its start message
     (a retried ``start_run`` send, or a re-route: it keeps ``run_input``) is delivered as a
     first delivery. Turbo is taken only from the run's record, and only while the run is
-    pending with nothing after its creation (security review H2, ``_turbo_start``): this
-    run is running, so the copy loads the real log, finds nothing new and acks, with no
-    write and no body. One run_started, a ran once, the run then completes.
+    pending with nothing after its creation (security review H2,
+    ``turbo_start_from_record``): this run is running, so the copy loads the real log,
+    finds nothing new and acks, with no write and no body. One run_started, a ran once,
+    the run then completes.
 
-    Seen to fail: ``_turbo_start`` made to synthesize the log whatever the record says
-    (the pending check removed): the copy goes turbo, its run_started is refused by the
+    Seen to fail: ``turbo_start_from_record`` made to synthesize the log whatever the
+    record says (the pending check removed): the copy goes turbo, its run_started is refused by the
     fence and it answers Redeliver(1), not Ack."""
     app = make_app(world=faulty)
     ran: Counter[str] = Counter()

@@ -37,8 +37,12 @@ async def test_a_busy_fan_out_near_due_waits_sends_about_one_timer_per_wait(
     # run's deliveries are coalesced re-runs seconds apart (Postgres + NATS), each re-run may
     # re-arm a near-due wait once more under the key of a later second, by design (seed 003
     # "Why the second, once more"): the seed measured 80 timers for this 20-wide fan-out with
-    # re-runs a quarter second apart. Either way linear, never the n(n+1)/2 = 210 of no key.
-    bound = 80 if "postgres" in request.node.name else 25
+    # re-runs a quarter second apart. Either way linear, never the n(n+1)/2 = 210 of no key:
+    # a wait's own timer, and at most one re-arm per calendar second of its 3 s sleep (it
+    # touches at most 4), so at most 5 a wait; under load the re-runs spread over more of
+    # those seconds (a full run here sent 82).
+    postgres = "postgres" in request.node.name
+    bound = 20 * (1 + 4) if postgres else 25
     app = make_app(world=faulty, WORKFLOW_MAX_INLINE_STEPS=0, WORKFLOW_ORCHESTRATOR_LINGER_MS=0)
 
     @app.step
@@ -62,6 +66,10 @@ async def test_a_busy_fan_out_near_due_waits_sends_about_one_timer_per_wait(
     timers = faulty.queue.timers()
     deliveries = len(faulty.queue.orchestrator_answers())
     assert len(timers) <= bound, f"{len(timers)} timers for 20 waits over {deliveries} deliveries"
+    if postgres:
+        waits = [e.correlation_id for e in log if e.type == "wait_created"]
+        per_wait = {w: len(faulty.queue.timers(w)) for w in waits}
+        assert max(per_wait.values()) <= 5, f"a wait armed more than 5 times: {per_wait}"
     near = [
         t
         for t in faulty.trace
@@ -70,7 +78,11 @@ async def test_a_busy_fan_out_near_due_waits_sends_about_one_timer_per_wait(
     assert all(t.by is not None and t.by.meta.delivery_count > 1 for t in near), (
         "a first delivery re-armed a near-due wait"
     )
-    assert max(Counter(t.name for t in near).values(), default=1) == 1, "a near-due key twice"
+    # A send the World's queue raised on is retried by a redelivery (``arm_near_due`` marks
+    # a key only once sent): a key goes out twice only after such a failure.
+    failed = {t.name for t in near if t.send in faulty.queue.unsent}
+    twice = {name for name, n in Counter(t.name for t in near).items() if n > 1}
+    assert twice <= failed, f"a near-due key twice: {sorted(twice - failed)}"
     assert all(isinstance(t.message, messages.OrchestratorMessage) for t in timers)
 
 
@@ -372,7 +384,9 @@ async def test_after_a_cancel_the_next_hop_stops_the_chain_writing_nothing(
             for a in faulty.queue.answers[answered_before:]
         )
 
-    await faulty.queue.until(a_hop_stopped_the_chain, timeout=15)
+    # A deadline, not a timing goal: the chain stops within a hop or two, but the whole
+    # suite on 2 cores (a control plane build beside it) has stretched that past 15 s.
+    await faulty.queue.until(a_hop_stopped_the_chain, timeout=45)
     with contextlib.suppress(RunCancelledError):
         await run.result(timeout=5)
     log = await assert_sound(run)

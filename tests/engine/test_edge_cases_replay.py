@@ -79,8 +79,10 @@ async def test_replay_divergence_recovered_in_place(
     make_app: MakeApp, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Audit G1, once: the third replay diverges at position 2 (the log has step b, the code
-    reaches step c), is logged once, replays cold in place (a fourth replay) and completes."""
-    app = make_app()
+    reaches step c), is logged once, replays cold in place (a fourth replay) and completes.
+    Warm sessions off: the divergence is made by code that changes between replays from
+    the start, which a warm continuation (docs/warm.md) does not run again."""
+    app = make_app(TREADLE_WARM_RUNS=0)
     caplog.set_level(logging.WARNING, logger="treadle.orchestrator")
     replays: list[int] = []
 
@@ -118,7 +120,7 @@ async def test_replay_divergence_past_the_budget_is_a_corrupted_log(
 ) -> None:
     """Audit G1, always: after WORKFLOW_REPLAY_DIVERGENCE_MAX_RETRIES (2 here) cold replays
     the run fails with CorruptedEventLog naming the position and the mismatch."""
-    app = make_app(WORKFLOW_REPLAY_DIVERGENCE_MAX_RETRIES=2)
+    app = make_app(WORKFLOW_REPLAY_DIVERGENCE_MAX_RETRIES=2, TREADLE_WARM_RUNS=0)  # cold replays
     caplog.set_level(logging.WARNING, logger="treadle.orchestrator")
     replays: list[int] = []
 

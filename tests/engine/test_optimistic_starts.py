@@ -544,8 +544,8 @@ async def test_a_start_message_copy_after_progress_runs_no_completed_body(
     creation), never from the message, so the copy loads the log: no early start, no
     body run again, nothing written. The run then completes with a run once.
 
-    Seen to fail: ``_turbo_start`` with its pending check removed: the copy replays a
-    synthesized log and starts a's body again before its run_started is refused."""
+    Seen to fail: ``turbo_start_from_record`` with its pending check removed: the copy
+    replays a synthesized log and starts a's body again before its run_started is refused."""
     app = make_app(world=faulty, **TURBO_ONLY)
     ran: Counter[str] = Counter()
 

@@ -21,6 +21,20 @@ PUBLIC = {
     # Webhooks (issue 13: a workflow waits on an HTTP callback; docs/webhooks.md).
     "create_webhook", "WebhookHandle", "WebhookRequest", "WebhookResponse",
     "HmacSignature", "StripeSignature",
+    # Run attributes (issue 17 item 2; docs/attributes.md).
+    "set_attributes", "AttributeInvalid", "AttributesNeedSpec9",
+    # Child workflows (issue 17 item 1; docs/children.md).
+    "ChildHandle", "ChildWorkflowFailed", "ChildWorkflowsNotSupported",
+    # Concurrency and rate limits (issue 17 item 4; docs/limits.md).
+    "Limit", "LimitKeyError", "Rate",
+    # Timeouts (issue 17 item 5: run, step and heartbeat timeouts; docs/timeouts.md).
+    "FeatureNeedsSpec9", "RunTimedOut", "StepTimedOut", "step_heartbeat", "timeout",
+    # Streams (issue 17 item 6; docs/streams.md).
+    "get_writable", "StreamWriter", "Chunk", "StreamError", "StreamClosedError",
+    "StreamNameInvalid", "StreamWriteRefused",
+    # Hook force-claim and token retention; sagas (issue 17 items 8 and 7; docs/hooks.md,
+    # docs/sagas.md).
+    "HookForceClaimedError", "HookRunEnded", "Saga", "SagaCompensated",
 }  # fmt: skip
 
 

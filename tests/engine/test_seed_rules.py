@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from treadle import Hook, client, sleep
+from treadle import Hook, runstart, sleep
 from treadle.client import start_run
 from treadle.errors import FenceNotSupported, ReadTimedOut, RunNotSupported
 from treadle.world import events, messages, records
@@ -63,7 +63,7 @@ async def test_a_world_without_the_fence_mints_spec_8_runs_and_refuses_a_spec_9_
     declare the fence, ``start`` mints spec 8 (unset, and 9 asked for) with a warning logged
     once per process; a spec 9 run asked for explicitly (``start_run``) is refused, naming
     the capability, with nothing recorded and nothing sent."""
-    client._mint_warned.clear()
+    runstart._mint_warned.clear()  # its warning is logged once per process
     app = make_app(world=_without_fence(faulty), WORKFLOW_SPEC_VERSION=9)
 
     @app.workflow

@@ -80,12 +80,17 @@ async def test_an_inline_start_whose_batch_committed_before_its_write_failed_run
     assert [e.event.type for e in log].count("step_created") == 1, "no creation is written twice"
 
 
+@pytest.mark.parametrize(
+    "failed_reads", [0, 1], ids=["seed 8", "seed 318: the first read back fails too"]
+)
 async def test_a_background_start_that_committed_before_its_write_failed_runs_its_body(
-    make_app: MakeApp, faulty: FaultyWorld
+    make_app: MakeApp, faulty: FaultyWorld, failed_reads: int
 ) -> None:
     """Simulation seed 8: a background max_retries=0 step's ``step_started`` commits and
     its write then raises. The step's delivery finds its start in the log and runs the
-    body, once; the redelivery does not fail the step as exhausted unrun."""
+    body, once; the redelivery does not fail the step as exhausted unrun. Soak seed 318:
+    the delivery's first read of the step's log fails too; the read is tried again while
+    the delivery holds its lease."""
     app = make_app(world=faulty, WORKFLOW_MAX_INLINE_STEPS=0)
     ran: Counter[str] = Counter()
 
@@ -99,11 +104,14 @@ async def test_a_background_start_that_committed_before_its_write_failed_runs_it
         return await transfer()
 
     faulty.events.fail_after_writes(
-        1, when=lambda e: isinstance(e, events.StepStarted) and not e.inline
+        1,
+        when=lambda e: isinstance(e, events.StepStarted) and not e.inline,
+        then_reads=failed_reads,
     )
     run = await app.start(flow)
     assert await run.result(timeout=30) == "moved"
     assert faulty.events.failures_after[0].times == 0, "the start's write failed after it committed"
+    assert faulty.events.entity_reads_failed == failed_reads
     assert ran == Counter({"transfer": 1})
     log = await run.events()
     assert _exhausted(log) == []

@@ -8,6 +8,12 @@ serving the fake Node; yields a ``harness.Kube``. Nothing starts unless a test
 asks for it. ``namespace`` gives a test a fresh namespace, deleted afterwards;
 ``kube_env`` puts KUBECONFIG in the test's environment (for kopf and kubectl);
 ``widget_crd`` installs a small CRD of the harness's own for API-semantics tests.
+``real_node`` (session) adds a real node to that cluster (``node.py``: containerd,
+runc and a kubelet built from the cached source tree, images built offline);
+it builds what the cache lacks first, and skips, with the reason, where this
+machine cannot run the container runtime. ``pod_node`` (session) decides where
+the operator scenarios' worker pods run (``pod_node.py``): on the real node when
+it starts, else on the process kubelet, the decision printed once.
 """
 
 from __future__ import annotations
@@ -21,9 +27,19 @@ from collections.abc import Callable, Iterator
 import pytest
 from kubernetes_asyncio.config import kube_config
 
-from .cluster import REPO, ControlPlane, ControlPlaneError, ensure_binaries, wait_established
+from .cluster import (
+    REPO,
+    ControlPlane,
+    ControlPlaneError,
+    ensure_binaries,
+    wait_established,
+)
 from .harness import WIDGET_CRD, Kube
 from .kubelet import ProcessKubelet
+from .node import NodeBinaries, NodeError, NodeUnavailable, RealNode, preflight
+from .node_images import WORKFLOWS_IMAGE, NodeImages, ensure_node_parts
+from .oci_image import ImageBuildError
+from .pod_node import POD_IMAGE_FILE, TAGS, PodNode, process_node, real_pod_node
 
 # Pods import treadle from this checkout and write their logs unbuffered.
 POD_ENV = {
@@ -33,13 +49,26 @@ POD_ENV = {
 _namespaces = itertools.count(1)
 
 
+# pytest-timeout's limit (pyproject: 300 s) covers a test's fixtures too, so the first
+# test that sets up ``kube``, and the first that sets up ``real_node``, pay their builds
+# on a machine whose cache is cold (control plane 8-10 min on 2 cores, more under load;
+# real node about 5): those two get this limit instead.
+COLD_TIMEOUT_SECONDS = 2400
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Every test against the API server runs in one xdist worker, so one session starts
-    one control plane (the suite runs ``-n 2 --dist loadgroup``)."""
+    one control plane (the suite runs ``-n 2 --dist loadgroup``), in collection order:
+    the first that asks for ``kube`` (``real_node``) builds it and gets the build's time."""
     here = os.path.dirname(__file__)
+    builders = {"kube", "real_node", "pod_node"}
     for item in items:
         if str(item.path).startswith(here):
             item.add_marker(pytest.mark.xdist_group("k8s"))
+            builds = builders & set(getattr(item, "fixturenames", ()))
+            if builds:
+                item.add_marker(pytest.mark.timeout(COLD_TIMEOUT_SECONDS))
+                builders -= builds
 
 
 def _terminal(config: pytest.Config) -> Callable[[str], None]:
@@ -115,3 +144,88 @@ def widget_crd(kube: Kube) -> str:
     kube.rest.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", WIDGET_CRD)
     wait_established(kube.rest, name)
     return name
+
+
+@pytest.fixture(scope="session")
+def real_node(
+    kube: Kube, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RealNode]:
+    """containerd + kubelet serving Node ``treadle-real-node`` (tainted: tests pin pods)."""
+    progress = _terminal(request.config)
+    reason = preflight()
+    if reason is not None:
+        progress(f"real node skipped: {reason}")
+        pytest.skip(f"no real node here: {reason}")
+    root = tmp_path_factory.mktemp("node")
+    cache = kube.control_plane.binaries.cache
+    began = time.monotonic()
+    try:
+        ensure_node_parts(cache, root / "build-node.log", progress)
+        images = NodeImages(cache / "node", progress).all()
+    except ImageBuildError as error:
+        pytest.fail(str(error), pytrace=False)
+    node = RealNode(
+        root, NodeBinaries.in_cache(kube.control_plane.binaries), kube.server, kube.token,
+        kube.kubeconfig, images, runs=cache / "node" / "runs",
+    )  # fmt: skip
+    try:
+        node.start()
+    except NodeUnavailable as error:
+        node.stop()
+        progress(f"real node skipped: {error}")
+        pytest.skip(f"no real node here: {error}")
+    except NodeError as error:
+        node.stop()
+        pytest.fail(str(error), pytrace=False)
+    except BaseException:
+        node.stop()
+        raise
+    timings = ", ".join(f"{k} {v:.1f} s" for k, v in node.timings.items())
+    progress(f"real node up in {time.monotonic() - began:.1f} s ({timings}) at {root}")
+    for stale in node.swept:
+        progress(f"ended what a killed session's node left in {stale}")
+    try:
+        yield node
+    finally:
+        node.stop()
+
+
+_DECISION = pytest.StashKey[str]()
+
+
+@pytest.fixture(scope="session")
+def pod_node(
+    kube: Kube, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> PodNode:
+    """Where the operator scenarios' worker pods run: the real node when it starts (its
+    images of ``TAGS`` imported), else the process kubelet, with the reason; printed."""
+    progress = _terminal(request.config)
+    shared = tmp_path_factory.mktemp("pod-shared")
+    shared.chmod(0o755)  # the pods' user (10001) reads what tests leave there
+    chosen: PodNode
+    if os.environ.get("TREADLE_K8S_WORKER_PODS", "real") == "process":
+        chosen = process_node(kube, shared, "TREADLE_K8S_WORKER_PODS=process")
+    else:
+        try:
+            node: RealNode = request.getfixturevalue("real_node")
+            workflows = next(i for i in node.images if i.name == WORKFLOWS_IMAGE)
+            began = time.monotonic()
+            tagged = NodeImages(kube.control_plane.binaries.cache / "node", progress).tagged(
+                workflows, TAGS, POD_IMAGE_FILE
+            )
+            node.ctr(["images", "import", str(tagged.path)], f"importing {tagged.name}")
+            progress(f"images of {', '.join(TAGS)} ready in {time.monotonic() - began:.1f} s")
+            chosen = real_pod_node(kube, node, shared)
+        except (pytest.skip.Exception, pytest.fail.Exception) as outcome:
+            chosen = process_node(kube, shared, f"the real node did not start: {outcome.msg}")
+        except (ImageBuildError, NodeError) as error:
+            chosen = process_node(kube, shared, f"the real node's images failed: {error}")
+    progress(chosen.describe())
+    request.config.stash[_DECISION] = chosen.describe()
+    return chosen
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    decision = terminalreporter.config.stash.get(_DECISION, None)
+    if decision is not None:
+        terminalreporter.write_line(f"[k8s] {decision}")

@@ -1,13 +1,15 @@
 """Workflows the worker pods of the operator tests serve (``treadle worker`` loads this file).
 
-Each step reports the image its pod runs (the process kubelet sets
-``TREADLE_POD_IMAGE``), so a test can tell which revision served it.
+Each step reports the image its pod runs, so a test can tell which revision
+served it: the process kubelet sets ``TREADLE_POD_IMAGE``; on the real node each
+image of a tag holds it in ``/app/pod-image`` (``pod_node.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+from pathlib import Path
 
 from treadle import Hook, Workflows, sleep
 
@@ -18,9 +20,19 @@ class Approval(Hook):
     approved: bool
 
 
+def _pod_image() -> str:
+    image = os.environ.get("TREADLE_POD_IMAGE")
+    if image:
+        return image
+    try:
+        return Path("/app/pod-image").read_text().strip()
+    except OSError:
+        return "?"
+
+
 @app.step
 async def where() -> str:
-    return os.environ.get("TREADLE_POD_IMAGE", "?")
+    return _pod_image()
 
 
 @app.workflow

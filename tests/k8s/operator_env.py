@@ -26,9 +26,10 @@ from treadle.worlds.production import PostgresNatsWorld
 
 from .conftest import POD_ENV
 from .harness import Kube, wait_for
+from .pod_node import WORKFLOWS as WORKFLOWS  # re-exported: the tests' `treadle start` path
+from .pod_node import PodNode
 from .rest import ApiError
 
-WORKFLOWS = Path(__file__).with_name("k8s_workflows.py")
 API = "/apis/treadle.dev/v1alpha1"
 FAST = {
     "TREADLE_OPERATOR_RECONCILE_SECONDS": "0.5",
@@ -149,6 +150,7 @@ class Shop:
     database_url: str
     nats_url: str
     operator: OperatorProcess
+    pods: PodNode  # where its worker pods run
     deployment: str = "shop"
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -172,13 +174,26 @@ class Shop:
         body = {
             "apiVersion": "treadle.dev/v1alpha1", "kind": "WorkflowDeployment",
             "metadata": {"name": name},
-            "spec": {"image": image, "module": str(WORKFLOWS),
-                     "orchestrator": {"replicas": 1}, "steps": {"replicas": 1},
-                     # Superseded revisions retire 2 s after, not the default 60 s.
-                     "retireAfterSeconds": 2, **spec},
+            "spec": self.pods.worker_spec(
+                {"image": image, "orchestrator": {"replicas": 1}, "steps": {"replicas": 1},
+                 # Superseded revisions retire 2 s after, not the default 60 s.
+                 "retireAfterSeconds": 2, **spec}),
         }  # fmt: skip
         made: dict[str, Any] = self.kube.rest.create(self.path("workflowdeployments"), body)
         return made
+
+    @property
+    def module(self) -> str:
+        """The module path the workers load (what ``deploy`` puts in ``spec.module``)."""
+        return self.pods.module
+
+    def report(self, limit: int = 6000) -> str:
+        """The operator's log and the worker pods' output (tails), for a failing test."""
+        return (
+            f"--- operator log of {self.namespace} (tail) ---\n{self.operator.log()[-limit:]}\n"
+            f"--- worker pods of {self.namespace} ({self.pods.describe()}) ---\n"
+            f"{self.pods.logs_tail(self.namespace)}"
+        )
 
     def wfd(self, name: str | None = None) -> dict[str, Any]:
         found: dict[str, Any] = self.kube.rest.get(

@@ -5,7 +5,9 @@ runs as a local process with a kubelet's environment; a crashing container backs
 off with the stderr tail in ``lastState``; deleting a Deployment terminates its
 process (SIGTERM first, SIGKILL after the grace period); a missing Secret is a
 ``CreateContainerConfigError`` until it exists; the API server enforces a CRD's
-schema with 422.
+schema with 422. Its pod tests are about the process kubelet itself, the node
+worker pods fall back to where the real node cannot start (``pod_node.py``), so
+they stay on it.
 """
 
 from __future__ import annotations

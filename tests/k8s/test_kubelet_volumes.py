@@ -4,7 +4,8 @@ A process cannot see a mount path, so the kubelet writes the volume's files into
 the Pod's directory and rewrites env values and arguments under the mountPath
 (review R9: workers read ``TREADLE_*_URL_FILE`` from the World Secret's volume).
 Objects come from a dict standing in for the API reads, as in ``test_podenv.py``;
-``test_operator_rotation.py`` runs real workers on such a volume.
+``test_operator_rotation.py`` runs real workers on such a volume where the real node
+cannot start (the process kubelet is the fallback of ``pod_node.py``).
 """
 
 from __future__ import annotations

@@ -1,9 +1,11 @@
 """The treadle operator against a real kube-apiserver, with worker pods that really run.
 
 One namespace ("the shop") holds the World's Secret and a WorkflowDeployment
-whose orchestrator and step-worker pods the process kubelet runs as real
-``treadle worker`` processes on a real PostgreSQL and nats-server; a real
-``treadle operator`` process reconciles. Each scenario is named after what a
+whose orchestrator and step-worker pods run ``treadle worker`` on a real
+PostgreSQL and nats-server: on the real node (containerd + kubelet, pods from
+real images, loopback only) when it starts, else as host processes of the
+process kubelet (``pod_node.py`` decides, once a session, and says which); a
+real ``treadle operator`` process reconciles. Each scenario is named after what a
 platform team does: apply, run, resume a hook from outside, cancel by
 deleting, roll out a new image under a sleeping run, restart the operator.
 """
@@ -25,6 +27,7 @@ from ..postgres.conftest import Clones, pg_clones, pg_server
 from ..postgres.pgserver import Server as PgServer
 from .harness import Kube, wait_for
 from .operator_env import WORKFLOWS, OperatorProcess, Shop, chart_identity
+from .pod_node import PodNode
 from .rest import ApiError
 
 __all__ = ["nats_server", "pg_clones", "pg_server"]
@@ -47,6 +50,7 @@ def operator_kubeconfig(kube: Kube, tmp_path_factory: pytest.TempPathFactory) ->
 @pytest.fixture
 def shop_factory(
     kube: Kube,
+    pod_node: PodNode,
     operator_kubeconfig: Path,
     pg_server: PgServer,
     pg_clones: Clones,
@@ -65,6 +69,7 @@ def shop_factory(
             database_url=_database(pg_server, pg_clones),
             nats_url=nats_server.url,
             operator=OperatorProcess(kube, namespace, log, operator_kubeconfig),
+            pods=pod_node,
         )
         made.append(shop)
         return shop
@@ -72,8 +77,7 @@ def shop_factory(
     yield make
     for shop in made:
         shop.operator.stop()
-        print(f"--- operator log of {shop.namespace} (tail) ---")
-        print(shop.operator.log()[-6000:])
+        print(shop.report())
         # Worker Deployments go with their owner; the namespace takes the rest.
         kube.rest.delete(f"/api/v1/namespaces/{shop.namespace}")
 

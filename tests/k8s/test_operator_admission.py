@@ -40,6 +40,7 @@ from ..postgres.pgserver import Server as PgServer
 from .harness import Kube, wait_for
 from .kubectl import kubectl
 from .operator_env import CHART, OperatorProcess, Shop
+from .pod_node import PodNode
 from .rest import ApiError
 from .test_operator import _database, nats_server, operator_kubeconfig, pg_clones, pg_server
 
@@ -76,6 +77,7 @@ def _chart_configuration(namespace: str, port: int) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def admitted(
     kube: Kube,
+    pod_node: PodNode,
     operator_kubeconfig: Path,
     pg_server: PgServer,
     pg_clones: Clones,
@@ -105,6 +107,7 @@ def admitted(
         database_url=_database(pg_server, pg_clones),
         nats_url=nats_server.url,
         operator=OperatorProcess(kube, namespace, log, operator_kubeconfig),
+        pods=pod_node,
     )
     env = {
         "TREADLE_OPERATOR_WEBHOOK": "true",
@@ -149,8 +152,7 @@ def admitted(
     finally:
         kube.rest.delete(f"{CONFIGS}/{name}")
         shop.operator.stop()
-        print(f"--- operator log of {namespace} (tail) ---")
-        print(shop.operator.log()[-6000:])
+        print(shop.report())
         kube.rest.delete(f"/api/v1/namespaces/{namespace}")
 
 

@@ -45,7 +45,7 @@ from treadle_operator.worlds import Worlds
 
 from .conftest import POD_ENV
 from .harness import Kube, wait_for
-from .operator_env import FAST, WORKFLOWS, OperatorProcess, Shop
+from .operator_env import FAST, OperatorProcess, Shop
 from .rest import ApiError
 from .test_operator import (
     nats_server,
@@ -202,9 +202,7 @@ def _lose_status_then_roll_out(shop: Shop, revision: str) -> None:
     shop.kube.rest.patch(
         shop.path("workflowdeployments", shop.deployment), {"spec": {"image": "shop:2"}}
     )
-    second = revisions.revision_id(
-        shop.namespace, shop.deployment, uid, 2, "shop:2", str(WORKFLOWS)
-    )
+    second = revisions.revision_id(shop.namespace, shop.deployment, uid, 2, "shop:2", shop.module)
     wait_for(lambda: shop.latest() == second, 90, what="revision number 2 latest")
     wait_for(lambda: _world_latest(shop) == second, 10, what="the World's latest moved too")
 

@@ -38,6 +38,7 @@ from .conftest import POD_ENV
 from .harness import Kube, wait_for
 from .kubectl import kubectl, kubectl_120
 from .operator_env import FAST, OperatorProcess, Shop
+from .pod_node import PodNode
 from .processes import free_port
 from .test_operator import _database, operator_kubeconfig
 
@@ -84,6 +85,7 @@ class ProbedOperator(OperatorProcess):
 @pytest.fixture(scope="module")
 def day2(
     kube: Kube,
+    pod_node: PodNode,
     operator_kubeconfig: Path,
     pg_server: PgServer,
     pg_clones: Clones,
@@ -101,6 +103,7 @@ def day2(
         database_url=_database(pg_server, pg_clones),
         nats_url=nats_server.url,
         operator=operator,
+        pods=pod_node,
     )
     shop.secret(**{"hook-key": HOOK_KEY})
     operator.start()
@@ -110,8 +113,7 @@ def day2(
         yield shop
     finally:
         operator.stop()
-        print(f"--- operator log of {namespace} (tail) ---")
-        print(operator.log()[-8000:])
+        print(shop.report(8000))
         kube.rest.delete(f"/api/v1/namespaces/{namespace}")
 
 
@@ -264,12 +266,12 @@ def test_a_rerun_signal_makes_a_new_run_of_a_failed_one_that_can_succeed(
     makes WorkflowRun <name>-rerun-1 with the same input, which succeeds. The failed run
     stays as it was; a Rerun of a run that completed is refused."""
     shop = day2
-    marker = tmp_path / "marker"
-    _run(shop, "fragile", "needs_marker", {"path": str(marker)})
+    marker = shop.pods.shared_file(f"marker-{tmp_path.name}")  # the workers look for it
+    _run(shop, "fragile", "needs_marker", {"path": marker.pod})
     failed = shop.phase("fragile", "Failed")
     assert "no marker file" in failed["error"]["message"]
 
-    marker.write_text("here")
+    marker.host.write_text("here")
     _signal(shop, "rerun-fragile", "Rerun", run="fragile")
     status = _handled(shop, "rerun-fragile")
     assert (status["reason"], status["createdRun"]) == ("Rerun", "fragile-rerun-1")
@@ -277,7 +279,7 @@ def test_a_rerun_signal_makes_a_new_run_of_a_failed_one_that_can_succeed(
     assert json.loads(rerun["output"]) == "found"
     assert rerun["runId"] != failed["runId"]
     made = shop.run("fragile-rerun-1") or {}
-    assert made["spec"]["input"] == {"path": str(marker)}
+    assert made["spec"]["input"] == {"path": marker.pod}
     assert made["metadata"]["labels"]["treadle.dev/rerun-of"] == "fragile"
     assert shop.status("fragile")["phase"] == "Failed"
 

@@ -8,8 +8,8 @@ revision's Deployments in place (no new revision) while a draining revision keep
 pod template at the draining replicas; the previous image set back is the previous
 revision again; ``spec.revisions.<id>: {action: CancelRuns}`` cancels the runs pinned to a
 bad revision, and is refused on the revision that takes new runs. What is asserted is read
-back through the API (the process kubelet runs the first container's command and ignores
-most pod fields).
+back through the API; the workers run on the node ``pod_node`` chose, whose own part of the
+template (the real node's host network, taint and label) ``shop.pods.template`` adds.
 """
 
 from __future__ import annotations
@@ -98,7 +98,10 @@ def test_a_template_reaches_the_workers_and_env_or_resources_changes_roll_them_i
     for role in ("orchestrator", "steps"):
         template = _pod_template(shop, revision, role)
         spec = template["spec"]
-        assert spec["nodeSelector"] == {"kubernetes.io/os": "linux"}
+        on_node = shop.pods.template(TEMPLATE)
+        assert on_node is not None
+        assert spec["nodeSelector"] == on_node["spec"]["nodeSelector"]
+        assert spec["nodeSelector"]["kubernetes.io/os"] == "linux"
         assert spec["tolerations"][0]["key"] == "dedicated"
         assert spec["imagePullSecrets"] == [{"name": "registry-credentials"}]
         assert {v["name"] for v in spec["volumes"]} >= {"cache", "tmp"}
@@ -150,10 +153,11 @@ def test_a_template_reaches_the_workers_and_env_or_resources_changes_roll_them_i
     shop.start("after", "greet", {"name": "rolled"})
     assert shop.phase("after", "Completed")["revision"] == revision
 
-    dropped = {k: v for k, v in TEMPLATE["spec"].items() if k != "nodeSelector"}
-    _patch(shop, {"template": {"spec": {**dropped, "nodeSelector": None}}})
+    # The template's nodeSelector key dropped (the real node's own label stays there).
+    _patch(shop, {"template": {"spec": {"nodeSelector": {"kubernetes.io/os": None}}}})
+    left = (shop.pods.template({"spec": {}}) or {"spec": {}})["spec"].get("nodeSelector")
     wait_for(
-        lambda: "nodeSelector" not in _pod_template(shop, revision)["spec"] or None,
+        lambda: _pod_template(shop, revision)["spec"].get("nodeSelector") == left or None,
         30,
         what="the dropped nodeSelector gone from the Deployment",
     )

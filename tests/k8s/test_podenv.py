@@ -1,7 +1,8 @@
 """How the process kubelet resolves a container's env and argv (no cluster needed).
 
 Secrets and ConfigMaps come from a dict standing in for the API reads; the
-cluster-backed behaviour is pinned in ``test_control_plane.py``.
+cluster-backed behaviour is pinned in ``test_control_plane.py``. The process kubelet is
+the fallback node of the operator scenarios (``pod_node.py``), so its tests stay.
 """
 
 from __future__ import annotations

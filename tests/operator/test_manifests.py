@@ -118,3 +118,16 @@ def test_a_spec_env_setting_a_url_or_its_file_is_refused() -> None:
         spec = _spec(env=[{"name": name, "value": "x"}])
         refused = podsecurity.reserved_env(spec, manifests.operator_env(spec, "-", every))
         assert refused is not None and f"sets {name}," in refused
+
+
+def test_a_crashing_worker_leaves_its_logs_tail_as_the_termination_message() -> None:
+    """A real kubelet's termination message is empty unless the container says to fall
+    back to its log: the crash-loop condition would say "exit code 1" and not why (found
+    on the real node, tests/k8s: a module the image lacks)."""
+    spec = WorkflowDeploymentSpec.model_validate({"image": "img:1", "module": "orders.app"})
+    made = manifests.worker_deployment(
+        owner="orders", owner_uid="u", namespace="ns", revision="orders-abc123",
+        image="img:1", module="orders.app", spec=spec, role="orchestrator", replicas=1,
+    )  # fmt: skip
+    container = made["spec"]["template"]["spec"]["containers"][0]
+    assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"

@@ -31,6 +31,7 @@ def test_worker_pods_get_the_restricted_security_context_by_default() -> None:
     (container,) = pod["containers"]
     assert pod["securityContext"] == {
         "runAsNonRoot": True,
+        "fsGroup": 10001,  # the World Secret's 0440 files readable to the image's user
         "seccompProfile": {"type": "RuntimeDefault"},
     }
     assert container["securityContext"] == {
@@ -103,3 +104,12 @@ def test_an_env_entry_without_a_name_is_refused() -> None:
     assert podsecurity.reserved_env(spec, manifests.operator_env(spec, "r")) == (
         "spec.env[0] has no name"
     )
+
+
+def test_host_network_workers_declare_no_port() -> None:
+    """On the node's network a declared port is a host port: one worker a node. Such
+    workers declare none; the others declare the metrics port the PodMonitor scrapes."""
+    (plain,) = _pod()["containers"]
+    assert plain["ports"] == [{"name": "metrics", "containerPort": 9464, "protocol": "TCP"}]
+    (on_host,) = _pod(template={"spec": {"hostNetwork": True}})["containers"]
+    assert on_host["ports"] == []

@@ -1,18 +1,21 @@
-"""WorkflowSchedule rules with explicit times (issue 11 item 7; review operator.md §1 row
-"Schedules / cron", §2 (d)): the cron syntax CronJob users write, time zones across DST,
-missed firings and startingDeadlineSeconds, concurrency policies, history limits, and the
-firing's WorkflowRun (name, run key, owner). No API server: tests/k8s/
-test_operator_schedules.py runs the same rules against one."""
+"""WorkflowSchedule rules with explicit times (issue 11 item 7, issue 17 item 3): the cron
+syntax CronJob users write, time zones across DST; the CRD's mapping onto a World schedule
+(concurrencyPolicy, suspend, startingDeadlineSeconds, catch-up ``latest``, the pinned
+revision), a fired run's mirror (name, labels, owner), history limits, status; and run
+attributes as labels (issue 17 item 2). No API server: tests/k8s/
+test_operator_schedules.py runs them against one, with the World's workers firing."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 
-from treadle_operator import binding, cron, schedules
+from treadle.world import records
+from treadle_operator import attrlabels, binding, cron, schedules, schedulesync
 from treadle_operator.errors import InvalidSchedule
 from treadle_operator.schedulemodels import WorkflowScheduleSpec, WorkflowScheduleStatus
 from treadle_operator.schedules import ScheduledRun
@@ -164,249 +167,162 @@ def test_latest_counts_to_one_hundred_then_says_more_and_still_finds_the_latest(
     assert c.latest(utc(2026, 1, 1), utc(2026, 1, 1, 0, 0, 59)) == (None, 0)
 
 
-def test_after_downtime_only_the_latest_missed_firing_fires_and_the_rest_are_counted() -> None:
-    p = schedules.plan(
-        spec(), cron.parse("*/5 * * * *"), last_schedule=utc(2026, 1, 1, 10, 0),
-        created=utc(2026, 1, 1), runs=[], now=utc(2026, 1, 1, 10, 21),
+def test_the_crd_maps_onto_a_world_schedule_with_cronjob_catchup() -> None:
+    """Allow/Forbid/Replace are allow/skip/cancel_other; suspend pauses; the deadline is the
+    catch-up window (unset: a year; 0: one second) with catchup latest; the runs are pinned
+    to the revision; the World schedule is <namespace>.<name>."""
+    made, c = schedulesync._checked(
+        "shop.nightly",
+        spec(concurrencyPolicy="Replace", startingDeadlineSeconds=300, suspend=True,
+             timeZone="Europe/Paris", runTemplate={"deployment": "shop", "workflow": "greet",
+                                                   "input": {"name": "x"}}),
+        "shop-abc123", {"greet": {}},
     )  # fmt: skip
-    assert (p.fire, p.missed, p.skipped) == (utc(2026, 1, 1, 10, 20), 3, None)
-    assert p.next_time == utc(2026, 1, 1, 10, 25)
-    ran = [_run("s-10-05", utc(2026, 1, 1, 10, 5), "Completed")]  # made, status unwritten
-    p = schedules.plan(
-        spec(), cron.parse("*/5 * * * *"), last_schedule=utc(2026, 1, 1, 10, 0),
-        created=utc(2026, 1, 1), runs=ran, now=utc(2026, 1, 1, 10, 21),
+    assert isinstance(made, records.ScheduleSpec)
+    assert (made.name, made.workflow_name, made.cron, made.timezone) == (
+        "shop.nightly",
+        "greet",
+        "*/5 * * * *",
+        "Europe/Paris",
+    )
+    assert (made.overlap, made.catchup, made.catchup_window_seconds) == ("cancel_other", "latest",
+                                                                         300.0)  # fmt: skip
+    assert (made.paused, made.deployment_id) == (True, "shop-abc123")
+    assert made.input == {"args": [], "kwargs": {"name": "x"}}
+    assert str(c.zone) == "Europe/Paris"
+    for policy, overlap in (("Allow", "allow"), ("Forbid", "skip")):
+        got, _ = schedulesync._checked("a.b", spec(concurrencyPolicy=policy), "r", None)
+        assert got.overlap == overlap
+    assert schedules.window_seconds(spec()) == 365 * 86400
+    assert schedules.window_seconds(spec(startingDeadlineSeconds=0)) == 1
+    assert schedules.world_name("ns", "a.b") == "ns.a.b"
+    assert schedules.of_world_name("ns.a.b") == ("ns", "a.b")
+    assert schedules.of_world_name("plain") is None
+
+
+@pytest.mark.parametrize(
+    ("fields", "reason", "starts"),
+    [
+        ({"schedule": "61 * * * *"}, "InvalidSchedule", "spec.schedule: "),
+        ({"timeZone": "Mars/Olympus_Mons"}, "UnknownTimeZone", "spec.timeZone: "),
+        ({"runTemplate": {"deployment": "shop", "workflow": "nope"}}, "UnknownWorkflow",
+         "spec.runTemplate.workflow: no workflow named 'nope'"),
+        ({"runTemplate": {"deployment": "shop", "workflow": "greet", "input": 5}},
+         "InvalidInput", "spec.runTemplate.input: "),
+    ],
+)  # fmt: skip
+def test_a_spec_the_world_refuses_is_a_reason_naming_the_crd_field(
+    fields: dict[str, Any], reason: str, starts: str
+) -> None:
+    with pytest.raises(schedulesync._Refused) as refused:
+        schedulesync._checked("shop.x", spec(**fields), "r", {"greet": {}})
+    assert refused.value.reason == reason
+    assert str(refused.value).startswith(starts), str(refused.value)
+
+
+def fired(name: str, at: datetime, **attributes: Any) -> records.RunRecord:
+    stamp = at.isoformat(timespec="milliseconds")
+    return records.RunRecord(
+        run_id="wrun_fired", workflow_name="greet", deployment_id="shop-rev", status="pending",
+        input=None, created_at=at, updated_at=at, spec_version=1, seq=1, seq_in_band=1,
+        attributes={"treadle.schedule": name, "treadle.scheduled_at": stamp, **attributes},
     )  # fmt: skip
-    assert (p.fire, p.missed) == (utc(2026, 1, 1, 10, 20), 2)
 
 
-def test_a_firing_later_than_starting_deadline_seconds_is_skipped() -> None:
-    c = cron.parse("*/5 * * * *")
-    late = schedules.plan(
-        spec(startingDeadlineSeconds=30), c, last_schedule=utc(2026, 1, 1, 10, 0),
-        created=utc(2026, 1, 1), runs=[], now=utc(2026, 1, 1, 10, 21),
-    )  # fmt: skip
-    assert (late.fire, late.skipped, late.skipped_time) == (
-        None, "DeadlineExceeded", utc(2026, 1, 1, 10, 20),
-    )  # fmt: skip
-    assert late.missed == 4
-    in_time = schedules.plan(
-        spec(startingDeadlineSeconds=90), c, last_schedule=utc(2026, 1, 1, 10, 0),
-        created=utc(2026, 1, 1), runs=[], now=utc(2026, 1, 1, 10, 21),
-    )  # fmt: skip
-    assert in_time.fire == utc(2026, 1, 1, 10, 20)
-
-
-def test_a_new_schedule_fires_nothing_for_times_before_it_was_made() -> None:
-    p = schedules.plan(
-        spec(), cron.parse("*/5 * * * *"), last_schedule=None,
-        created=utc(2026, 1, 1, 10, 1), runs=[], now=utc(2026, 1, 1, 10, 4),
-    )  # fmt: skip
-    assert (p.fire, p.missed, p.next_time) == (None, 0, utc(2026, 1, 1, 10, 5))
-
-
-# -- concurrency, suspend, restarts ----------------------------------------------------------
-
-
-def _run(name: str, at: datetime, phase: str = "Running", **kw: Any) -> ScheduledRun:
-    return ScheduledRun(name=name, uid=f"uid-{name}", scheduled=at, phase=phase, **kw)
-
-
-def test_forbid_skips_while_a_run_is_active_and_fires_the_latest_once_it_ended() -> None:
-    c = cron.parse("*/5 * * * *")
-    active = [_run("s-1", utc(2026, 1, 1, 10, 0))]
-    skipped = schedules.plan(
-        spec(concurrencyPolicy="Forbid"), c, last_schedule=utc(2026, 1, 1, 10, 0),
-        created=utc(2026, 1, 1), runs=active, now=utc(2026, 1, 1, 10, 5, 1),
-    )  # fmt: skip
-    assert (skipped.fire, skipped.skipped, skipped.missed) == (None, "Forbid", 1)
-    ended = [_run("s-1", utc(2026, 1, 1, 10, 0), "Completed")]
-    later = schedules.plan(  # CronJob: the skipped firing still runs, if within the deadline
-        spec(concurrencyPolicy="Forbid"), c, last_schedule=utc(2026, 1, 1, 10, 0),
-        created=utc(2026, 1, 1), runs=ended, now=utc(2026, 1, 1, 10, 7),
-    )  # fmt: skip
-    assert later.fire == utc(2026, 1, 1, 10, 5)
-    final = schedules.plan(
-        spec(concurrencyPolicy="Forbid", startingDeadlineSeconds=60), c,
-        last_schedule=utc(2026, 1, 1, 10, 0), created=utc(2026, 1, 1), runs=ended,
-        now=utc(2026, 1, 1, 10, 7),
-    )  # fmt: skip
-    assert (final.fire, final.skipped) == (None, "DeadlineExceeded")
-
-
-def test_allow_fires_beside_an_active_run_and_replace_cancels_it_first() -> None:
-    c = cron.parse("*/5 * * * *")
-    runs = [
-        _run("s-1", utc(2026, 1, 1, 10, 0)),
-        _run("s-0", utc(2026, 1, 1, 9, 55), cancel_requested=True),
-    ]
-    kw: dict[str, Any] = {
-        "last_schedule": utc(2026, 1, 1, 10, 0), "created": utc(2026, 1, 1), "runs": runs,
-        "now": utc(2026, 1, 1, 10, 5),
-    }  # fmt: skip
-    allow = schedules.plan(spec(), c, **kw)
-    assert (allow.fire, allow.replace) == (utc(2026, 1, 1, 10, 5), ())
-    swap = schedules.plan(spec(concurrencyPolicy="Replace"), c, **kw)
-    assert (swap.fire, swap.replace) == (utc(2026, 1, 1, 10, 5), ("s-1",))  # s-0: cancelling
-
-
-def test_suspend_fires_nothing_has_no_next_time_and_resuming_fires_the_latest() -> None:
-    c = cron.parse("*/5 * * * *")
-    kw: dict[str, Any] = {
-        "last_schedule": utc(2026, 1, 1, 10, 0), "created": utc(2026, 1, 1), "runs": [],
-        "now": utc(2026, 1, 1, 10, 12),
-    }  # fmt: skip
-    held = schedules.plan(spec(suspend=True), c, **kw)
-    assert (held.fire, held.skipped, held.next_time, held.missed) == (None, "Suspended", None, 2)
-    quiet = schedules.plan(spec(suspend=True), c, **{**kw, "now": utc(2026, 1, 1, 10, 4)})
-    assert (quiet.skipped, quiet.skipped_time, quiet.missed) == ("Suspended", None, 0)
-    resumed = schedules.plan(spec(), c, **kw)
-    assert (resumed.fire, resumed.missed) == (utc(2026, 1, 1, 10, 10), 1)
-
-
-def test_a_run_made_for_the_latest_time_before_a_restart_is_that_firing() -> None:
-    """Killed between creating the run and writing status: on restart the same time is the
-    firing again (same name, same run key, same run id), never cancelled or forbidden by
-    itself; creating it again is a 409 that the scheduler adopts."""
-    c = cron.parse("*/5 * * * *")
-    at = utc(2026, 1, 1, 10, 5)
-    made = [_run("nightly-1767261900", at, "Pending")]
-    for policy in ("Allow", "Forbid", "Replace"):
-        p = schedules.plan(
-            spec(concurrencyPolicy=policy), c, last_schedule=utc(2026, 1, 1, 10, 0),
-            created=utc(2026, 1, 1), runs=made, now=utc(2026, 1, 1, 10, 5, 3),
-        )  # fmt: skip
-        assert (p.fire, p.replace, p.skipped) == (at, (), None), policy
-    schedule = {"metadata": {"name": "nightly", "namespace": "ns", "uid": "u-1"},
-                "spec": {"runTemplate": {"deployment": "shop", "workflow": "greet"}}}  # fmt: skip
-    first, again = schedules.run_body(schedule, at), schedules.run_body(schedule, at)
-    assert first == again
-    assert first["metadata"]["name"] == "nightly-1767261900" == f"nightly-{int(at.timestamp())}"
-    ids = {binding.run_id("ns", b["metadata"]["name"], b["spec"]["runKey"]) for b in (first, again)}
-    assert len(ids) == 1
-
-
-def test_the_firing_run_is_keyed_by_its_time_labelled_and_owned_by_the_schedule() -> None:
-    at = utc(2026, 12, 1, 16, 0)
-    schedule = {
-        "metadata": {"name": "nightly", "namespace": "ns", "uid": "u-1"},
-        "spec": {"runTemplate": {"deployment": "shop", "workflow": "greet", "cancel": True,
-                                 "runKey": "mine", "input": {"name": "x"}}},
-    }  # fmt: skip
-    body = schedules.run_body(schedule, at)
-    assert body["spec"] == {
-        "deployment": "shop", "workflow": "greet", "input": {"name": "x"},
-        "runKey": "2026-12-01T16:00:00Z",
-    }  # fmt: skip
-    assert body["metadata"]["labels"] == {"treadle.dev/schedule": "nightly"}
-    assert body["metadata"]["annotations"] == {"treadle.dev/scheduled-time": "2026-12-01T16:00:00Z"}
-    (owner,) = body["metadata"]["ownerReferences"]
-    assert owner == {
-        "apiVersion": "treadle.dev/v1alpha1", "kind": "WorkflowSchedule", "name": "nightly",
-        "uid": "u-1", "controller": True,
-    }  # fmt: skip
-    assert schedules.owned_by(body, "u-1") and not schedules.owned_by(body, "u-2")
-    listed = schedules.scheduled_run({**body, "metadata": {**body["metadata"], "uid": "r"}})
-    assert listed == ScheduledRun("nightly-1796140800", "r", at, "Pending")
-
-
-# -- history and status -----------------------------------------------------------------------
+def test_a_fired_run_is_mirrored_as_its_schedules_workflowrun_named_by_the_time() -> None:
+    body = {"metadata": {"name": "nightly", "namespace": "shop", "uid": "u-1"},
+            "spec": {"schedule": "@daily", "runTemplate": {
+                "deployment": "shop", "workflow": "greet", "input": {"name": "x"},
+                "ttlSecondsAfterFinished": 60}}}  # fmt: skip
+    at = utc(2026, 12, 1, 2, 30)
+    run = fired("shop.nightly", at, customer="acme")
+    mirror = schedules.mirror_body(body, run, at)
+    meta = mirror["metadata"]
+    assert meta["name"] == f"nightly-{int(at.timestamp())}"
+    assert meta["labels"] == {
+        "treadle.dev/schedule": "nightly",
+        "attr.treadle.dev/customer": "acme",
+        "attr.treadle.dev/treadle.schedule": "shop.nightly",
+    }  # treadle.scheduled_at holds ':' and '+': no label value
+    assert meta["annotations"] == {
+        "treadle.dev/mirrored-run": "wrun_fired",
+        "treadle.dev/scheduled-time": "2026-12-01T02:30:00Z",
+    }
+    (owner,) = meta["ownerReferences"]
+    assert (owner["kind"], owner["uid"], owner["controller"]) == ("WorkflowSchedule", "u-1", True)
+    assert mirror["spec"] == {"deployment": "shop", "workflow": "greet", "input": {"name": "x"},
+                              "ttlSecondsAfterFinished": 60}  # fmt: skip
+    assert schedules.mirror_of(run) == ("shop", meta["name"])
+    wfd = {"status": {"revisions": [{"id": "shop-rev"}]}}
+    assert binding.refusal(run, mirror, wfd) is None
+    elsewhere = {**mirror, "metadata": {**meta, "namespace": "other"}}
+    assert binding.refusal(run, elsewhere, wfd) is not None, "another namespace's schedule"
+    renamed = {**mirror, "metadata": {**meta, "name": "nightly-1"}}
+    assert binding.refusal(run, renamed, wfd) is not None, "another firing's name"
 
 
 def test_history_limits_keep_the_newest_completed_and_failed_runs() -> None:
-    t = [utc(2026, 1, 1, 10, m) for m in range(8)]
     runs = [
-        _run("c0", t[0], "Completed"), _run("c1", t[1], "Completed"), _run("f2", t[2], "Failed"),
-        _run("c3", t[3], "Completed"), _run("x4", t[4], "Cancelled"), _run("c5", t[5], "Completed"),
-        _run("r6", t[6], "Running"), _run("f7", t[7], "Failed"),
-    ]  # fmt: skip
-    assert schedules.prune(runs, 3, 1) == ("c0", "f2", "x4")
-    assert schedules.prune(runs, 0, 0) == ("c0", "c1", "f2", "c3", "x4", "c5", "f7")
-    assert schedules.prune(runs, 10, 10) == ()
-
-
-def test_status_reports_times_active_runs_and_conditions() -> None:
-    c = cron.parse("*/5 * * * *")
-    runs = [
-        _run("s-a", utc(2026, 1, 1, 9, 55), "Completed", completed_at=utc(2026, 1, 1, 9, 56)),
-        _run("s-b", utc(2026, 1, 1, 10, 0)),
+        ScheduledRun(f"r{i}", f"u{i}", utc(2026, 1, 1, 0, i), phase)
+        for i, phase in enumerate(
+            ["Completed", "Failed", "Completed", "Cancelled", "Completed", "Running", "Failed"]
+        )
     ]
-    p = schedules.plan(
-        spec(), c, last_schedule=utc(2026, 1, 1, 10, 0), created=utc(2026, 1, 1), runs=runs,
-        now=utc(2026, 1, 1, 10, 1),
+    assert schedules.prune(runs, 2, 1) == ("r0", "r1", "r3")
+    assert schedules.prune(runs, 0, 0) == ("r0", "r1", "r2", "r3", "r4", "r6")
+
+
+def test_status_is_the_world_schedules_state_and_the_mirrors() -> None:
+    state = records.ScheduleState(
+        paused=False, next_fire_at=utc(2026, 1, 1, 0, 10), last_fired_at=utc(2026, 1, 1, 0, 5),
+        last_run_id="wrun_5", skipped=2, missed=3,
     )  # fmt: skip
-    status = schedules.status_of(
-        WorkflowScheduleStatus(), 4, plan=p, last_schedule=utc(2026, 1, 1, 10, 0)
-    )
-    assert status.last_schedule_time == "2026-01-01T10:00:00Z"
-    assert status.last_successful_time == "2026-01-01T09:56:00Z"
-    assert status.next_schedule_time == "2026-01-01T10:05:00Z"
-    assert [r.name for r in status.active] == ["s-b"] and status.active_count == 1
-    conditions = {c.type: (c.status, c.reason, c.observed_generation) for c in status.conditions}
-    assert conditions == {
-        "Ready": ("True", "Scheduled", 4), "ScheduleValid": ("True", "Valid", 4),
-        "Stalled": ("False", "Valid", 4),
-    }  # fmt: skip
-    bad = schedules.status_of(
-        status, 5, plan=None, last_schedule=None,
-        problem=("UnknownTimeZone", "spec.timeZone: 'Mars/X' is not a known IANA time zone"),
-    )  # fmt: skip
-    conditions = {c.type: (c.status, c.reason) for c in bad.conditions}
-    assert conditions == {
-        "Ready": ("False", "UnknownTimeZone"), "ScheduleValid": ("False", "UnknownTimeZone"),
-        "Stalled": ("True", "UnknownTimeZone"),
-    }  # fmt: skip
-    assert bad.next_schedule_time is None
-    assert all("spec.timeZone" in c.message for c in bad.conditions)
+    made, _ = schedulesync._checked("shop.s", spec(), "rev", None)
+    record = records.ScheduleRecord(made, state, 4, utc(2026, 1, 1), utc(2026, 1, 1))
+    mirrors = [
+        ScheduledRun("s-1", "u1", utc(2026, 1, 1, 0, 0), "Completed", utc(2026, 1, 1, 0, 1)),
+        ScheduledRun("s-2", "u2", utc(2026, 1, 1, 0, 5), "Running"),
+    ]
+    status = schedules.status_of(WorkflowScheduleStatus(), 7, record, mirrors,
+                                 last_mirrored=utc(2026, 1, 1, 0, 5))  # fmt: skip
+    assert (status.world_schedule, status.revision, status.last_run_id) == ("shop.s", "rev",
+                                                                            "wrun_5")  # fmt: skip
+    assert status.last_schedule_time == "2026-01-01T00:05:00Z"
+    assert status.next_schedule_time == "2026-01-01T00:10:00Z"
+    assert status.last_successful_time == "2026-01-01T00:01:00Z"
+    assert (status.missed_schedules, status.skipped_schedules) == (3, 2)
+    assert [a.name for a in status.active] == ["s-2"] and status.active_count == 1
+    ready = {c.type: c for c in status.conditions}["Ready"]
+    assert (ready.status, ready.reason, ready.observed_generation) == ("True", "Scheduled", 7)
+    paused = dataclasses.replace(record, state=dataclasses.replace(state, paused=True))
+    held = schedules.status_of(status, 8, paused, mirrors, last_mirrored=None)
+    assert held.next_schedule_time is None
+    assert {c.type: c for c in held.conditions}["Ready"].reason == "Suspended"
 
 
 def test_a_name_too_long_for_its_runs_is_refused_naming_metadata_name() -> None:
-    assert schedules.name_problem("n" * 52) is None
-    problem = schedules.name_problem("n" * 53)
-    assert problem is not None and problem.startswith("metadata.name: ")
+    assert schedules.name_problem("x" * 52) is None
+    said = schedules.name_problem("x" * 53)
+    assert said is not None and said.startswith("metadata.name: ")
 
 
-def test_the_timer_sleeps_until_the_next_firing_capped_and_not_at_all_without_one() -> None:
-    now = utc(2026, 1, 1, 10, 0)
-    assert schedules.wake_in(now + timedelta(seconds=2), now, 300) == pytest.approx(2.005)
-    assert schedules.wake_in(now + timedelta(days=1), now, 300) == 300
-    assert schedules.wake_in(now - timedelta(seconds=1), now, 300) == 0
-    assert schedules.wake_in(None, now, 300) is None
-
-
-async def test_a_run_changing_phase_wakes_its_schedule_and_old_bodies_never_win() -> None:
-    """The timer sleeps until the next firing; a run of the schedule that appears, changes
-    phase or goes wakes it at once (Forbid's late firing, history pruning), other runs
-    and repeated phases do not; a watch event older than the body held is ignored."""
-    from treadle_operator.scheduler import Scheduler, _Timer
-
-    scheduler = Scheduler(state=None)  # type: ignore[arg-type]
-    meta = {"name": "nightly", "namespace": "ns", "uid": "u-1", "resourceVersion": "20"}
-    timer = _Timer(body={"metadata": meta})
-    scheduler.timers["ns/nightly"] = timer
-
-    def run(name: str, phase: str | None, schedule: str = "nightly") -> dict[str, Any]:
-        labels = {"treadle.dev/schedule": schedule}
-        body: dict[str, Any] = {"metadata": {"name": name, "namespace": "ns", "labels": labels}}
-        return {**body, "status": {"phase": phase}} if phase else body
-
-    scheduler.run_changed("ADDED", run("nightly-1", None))
-    assert timer.wake.is_set()
-    timer.wake.clear()
-    scheduler.run_changed("MODIFIED", run("nightly-1", None))  # still Pending: no news
-    scheduler.run_changed("MODIFIED", run("other-1", "Completed", schedule="other"))
-    assert not timer.wake.is_set()
-    scheduler.run_changed("MODIFIED", run("nightly-1", "Completed"))
-    assert timer.wake.is_set()
-    timer.wake.clear()
-    scheduler.run_changed("DELETED", run("nightly-1", "Completed"))
-    assert timer.wake.is_set() and timer.phases == {}
-
-    scheduler.seen("MODIFIED", {"metadata": {**meta, "resourceVersion": "19"}, "spec": {"x": 1}})
-    assert timer.body["metadata"]["resourceVersion"] == "20"
-    scheduler.seen("MODIFIED", {"metadata": {**meta, "resourceVersion": "21"}})
-    assert timer.body["metadata"]["resourceVersion"] == "21"
-    scheduler.seen("DELETED", {"metadata": meta})
-    assert scheduler.timers == {}
+def test_attributes_that_fit_labels_are_shown_under_the_prefix_and_the_rest_skipped() -> None:
+    shown = attrlabels.labels({
+        "customer": "acme", "tier": 2, "vip": True, "ratio": 0.5, "region.eu": "west-1",
+        "has/slash": "x", "with space": "x", "long": "v" * 64, "empty": "", "colon": "a:b",
+        "list": [1], "obj": {"a": 1}, "none": None, "neg": -1, "k" * 64: "x",
+    })  # fmt: skip
+    assert shown == {
+        "attr.treadle.dev/customer": "acme", "attr.treadle.dev/tier": "2",
+        "attr.treadle.dev/vip": "true", "attr.treadle.dev/ratio": "0.5",
+        "attr.treadle.dev/region.eu": "west-1", "attr.treadle.dev/empty": "",
+    }  # fmt: skip
+    many = attrlabels.labels({f"k{i:03}": "v" for i in range(100)})
+    assert len(many) == attrlabels.MAX_LABELS and "attr.treadle.dev/k000" in many
+    have = {"attr.treadle.dev/gone": "x", "attr.treadle.dev/customer": "old", "other": "y"}
+    assert attrlabels.wanted(have, {"customer": "acme"}) == {
+        "attr.treadle.dev/customer": "acme", "attr.treadle.dev/gone": None
+    }  # fmt: skip
 
 
 def test_any_schedule_text_parses_or_is_refused_with_a_reason_never_a_traceback() -> None:
@@ -434,3 +350,24 @@ def test_any_schedule_text_parses_or_is_refused_with_a_reason_never_a_traceback(
             continue
         found = parsed.next_after(utc(2026, 1, 1))
         assert found is None or found > utc(2026, 1, 1), text
+
+
+def test_an_unchanged_input_under_payload_keys_is_not_put_again() -> None:
+    """Under a deployment's payload keys each encoding of the input differs (a new nonce):
+    a sync keeps the stored encoding when it decodes to the same arguments, so an
+    unchanged WorkflowSchedule writes nothing; a changed input is put."""
+    from treadle import payloads
+
+    def checked(name: str) -> records.ScheduleSpec:
+        template = {"deployment": "shop", "workflow": "greet", "input": {"name": name}}
+        made, _ = schedulesync._checked("shop.s", spec(runTemplate=template), "r", None)
+        return made
+
+    payloads.use(payloads.KeyRing.parse(payloads.new_key("k1")))  # as world_of does
+    try:
+        first, again, other = checked("x"), checked("x"), checked("y")
+        assert first.input != again.input, "sealed: each encoding differs"
+        assert schedulesync._same_input(first, again) == first
+        assert schedulesync._same_input(first, other) == other
+    finally:
+        payloads.use(None)

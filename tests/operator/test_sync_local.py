@@ -310,3 +310,57 @@ async def test_a_tracked_run_follows_its_world_when_the_world_object_is_replaced
     finally:
         await sync.close()
         await old.close()
+
+
+class _EndsBetweenTheReads:
+    """The World as StatusSync sees it, where the run ends right after StatusSync has
+    read its events and before it reads its record (the CI failure on 2026-12-02: a
+    Completed status that still counted its last step as running)."""
+
+    def __init__(self, world: LocalWorld, run_id: str) -> None:
+        self.events = world.events
+        self.runs = self
+        self._world = world
+        self._run_id = run_id
+        self.armed = False
+
+    async def get(self, run_id: str) -> Any:
+        if self.armed and run_id == self._run_id:
+            self.armed = False
+            step = events.StepCompleted(correlation_id="s1", step_name="add", result=1, attempt=1)
+            await self._world.events.create(run_id, step, in_band=False)
+            await self._world.events.create(run_id, events.RunCompleted(output=1), in_band=False)
+        return await self._world.runs.get(run_id)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._world, name)
+
+
+async def test_a_run_that_ends_between_the_events_and_the_record_reads_counts_its_last_step(
+    world: LocalWorld,
+) -> None:
+    recorder = Recorder()
+    sync = await _sync(recorder, world)
+    try:
+        run = await world.runs.create(
+            workflow_name="order", input=None, deployment_id="shop-1", spec_version=9
+        )
+        seen = _EndsBetweenTheReads(world, run.run_id)
+        await world.events.create(run.run_id, events.RunStarted(), in_band=False)
+        for event in (
+            events.StepCreated(correlation_id="s1", step_name="add"),
+            events.StepStarted(correlation_id="s1", step_name="add", attempt=1),
+        ):
+            await world.events.create(run.run_id, event, in_band=False)
+        sync.track(run.run_id, seen, _body("o-e"), WorkflowRunStatus(run_id=run.run_id))  # type: ignore[arg-type]
+        await recorder.until(lambda: recorder.last("o-e").get("phase") == "Running", "Running")
+        assert recorder.last("o-e")["steps"]["running"] == 1
+        seen.armed = True
+        sync.poke(run.run_id)
+        await recorder.until(lambda: recorder.last("o-e").get("phase") == "Completed", "done")
+        assert not seen.armed  # the run did end between the two reads
+        assert recorder.last("o-e")["steps"] == {
+            "total": 1, "completed": 1, "failed": 0, "running": 0,
+        }  # fmt: skip
+    finally:
+        await sync.close()

@@ -12,13 +12,20 @@ import pytest
 
 from treadle.world import contract
 from treadle.world.conformance import (
+    attributes,
     changes,
+    children,
     entity_reads,
+    heartbeats,
+    hook_claims,
+    outcome_attempts,
     repin,
+    schedules,
     storage,
     storage_spec8,
     storage_views,
 )
+from treadle.world.conformance import streams as stream_conformance
 from treadle.world.conformance.harness import WorldHarness
 from treadle.worlds.postgres import PostgresStorage
 
@@ -41,6 +48,9 @@ class PostgresStorageWorld:
         self.hooks = storage.hooks
         self.deployments = storage.deployments
         self.changes = storage.changes
+        self.schedules = storage.schedules
+        self.heartbeats = storage.heartbeats
+        self.streams = storage.streams  # issue 17 item 6
 
     async def close(self) -> None:
         await self.storage.close()
@@ -86,5 +96,33 @@ class TestPostgresRepin(repin.RepinConformance):
     pass
 
 
+class TestPostgresAttributes(attributes.AttributesConformance):
+    pass
+
+
+class TestPostgresChildLinks(children.ChildLinkConformance):  # child workflows
+    pass
+
+
 class TestPostgresSpec8Storage(storage_spec8.Spec8StorageConformance):
+    pass
+
+
+class TestPostgresSchedules(schedules.SchedulesConformance):
+    pass
+
+
+class TestPostgresHeartbeats(heartbeats.HeartbeatsConformance):
+    pass
+
+
+class TestPostgresStreams(stream_conformance.StreamsConformance):  # issue 17 item 6
+    pass
+
+
+class TestPostgresHookClaims(hook_claims.HookClaimConformance):
+    pass
+
+
+class TestPostgresOutcomeAttempts(outcome_attempts.OutcomeAttemptConformance):  # issue 17 item 5
     pass

@@ -2,7 +2,20 @@
 
 from __future__ import annotations
 
-from treadle.world.conformance import changes, queue, queue_gating, repin, storage, storage_views
+from treadle.world.conformance import (
+    attributes,
+    changes,
+    children,
+    hook_claims,
+    limits,
+    outcome_attempts,
+    queue,
+    queue_gating,
+    repin,
+    storage,
+    storage_views,
+)
+from treadle.world.conformance import streams as stream_conformance
 
 
 class TestProductionStorage(storage.StorageConformance):
@@ -30,4 +43,28 @@ class TestProductionBacklog(changes.BacklogConformance):
 
 
 class TestProductionRepin(repin.RepinConformance):
+    pass
+
+
+class TestProductionAttributes(attributes.AttributesConformance):
+    pass
+
+
+class TestProductionChildLinks(children.ChildLinkConformance):  # child workflows
+    pass
+
+
+class TestProductionLimits(limits.LimitConformance):  # issue 17 item 4
+    pass
+
+
+class TestProductionStreams(stream_conformance.StreamsConformance):  # issue 17 item 6
+    pass
+
+
+class TestProductionHookClaims(hook_claims.HookClaimConformance):
+    pass
+
+
+class TestProductionOutcomeAttempts(outcome_attempts.OutcomeAttemptConformance):  # issue 17 item 5
     pass

@@ -42,16 +42,24 @@ def chromium_or_skip() -> tuple[str, str]:
         print(
             "\ninstalling chromium and chromium-driver: apt-get install -y chromium chromium-driver"
         )
-        subprocess.run(
-            ["apt-get", "install", "-y", "chromium", "chromium-driver"],
-            check=False, capture_output=True, timeout=600,
-            env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
-        )  # fmt: skip
+        try:
+            done = subprocess.run(
+                ["apt-get", "install", "-y", "chromium", "chromium-driver"],
+                check=False, capture_output=True, text=True, timeout=600,
+                env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
+            )  # fmt: skip
+            said = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
+        except subprocess.TimeoutExpired:
+            said = "timed out after 600 s"
         found = _find()
         if found is not None:
             return found
+        why = f"; apt-get install said: {said}"
+    else:
+        why = ""
     reason = (
         "Chromium and chromedriver are not installed (apt-get install chromium chromium-driver)"
+        + why
     )
     print(f"\nSKIP: {reason}")
     pytest.skip(reason)

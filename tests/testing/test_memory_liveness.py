@@ -13,9 +13,9 @@ import asyncio
 import dataclasses
 
 from treadle.testing.memory import MemoryBackend, MemoryWorld
-from treadle.world import contract, liveness
+from treadle.world import contract, ids, liveness
 
-from .memory_support import Deliveries, step_message
+from .memory_support import Deliveries, orchestrator_message, step_message
 
 # A lease no test may wait out: each wait below is bounded well under it.
 LONG = contract.QueueTuning(lease_seconds=60.0, liveness_seconds=0.5)
@@ -57,7 +57,13 @@ async def test_a_consumer_with_a_dead_workers_identity_releases_its_leases_at_st
 
 
 async def test_another_identity_releases_nothing_at_start() -> None:
-    """Only the same identity restarts in place: a new worker leaves a live one's leases."""
+    """Only the same identity restarts in place: a new worker leaves a live one's leases.
+
+    Waited on an event, not a sleep: the new worker's start-up release runs in
+    ``consume`` itself, and a probe message only it consumes (an orchestrator message:
+    the live worker takes steps only) shows its dispatch loop has claimed what was due;
+    by then it has neither released nor taken the live worker's step.
+    """
     backend = MemoryBackend(tuning=LONG)
     live = MemoryWorld(backend, tuning=_as("pod-a", SLOW))
     held = Deliveries()
@@ -66,11 +72,15 @@ async def test_another_identity_releases_nothing_at_start() -> None:
     await live.queue.send(step_message())
     first = await held.next()
     other = MemoryWorld(backend, tuning=_as("pod-b"))
+    steps, probes = Deliveries(), Deliveries()
     try:
-        await other.queue.consume({"step": Deliveries()})
-        await asyncio.sleep(0.1)
+        await other.queue.consume({"step": steps, "orchestrator": probes})
+        probe = await other.queue.send(orchestrator_message(ids.new_run_id()))
+        claimed = await probes.next(BOUND)
+        assert claimed.message_id == probe.message_id
         assert not first.lost_lease()
         assert backend.stats.total.restart_releases == 0
+        assert steps.calls == []  # the live worker's step stayed with it
     finally:
         held.release.set()
         await other.close()

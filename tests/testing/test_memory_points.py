@@ -8,12 +8,13 @@ raise (nothing done), block, return "lose" or "fail_after" (done, then raised).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import pytest
 
 from treadle import errors
 from treadle.testing.memory import POINTS, Interference, MemoryBackend, MemoryWorld
-from treadle.world import constants, events, messages
+from treadle.world import constants, events, messages, records
 
 from .memory_support import FAST, Deliveries, Scripted, orchestrator_message, step_message
 
@@ -66,6 +67,13 @@ async def test_every_point_is_awaited_with_its_run_id() -> None:
     await world.deployments.register("d2")
     await world.runs.repin(run_id, from_deployment="d", to_deployment="d2")
     await world.deployments.retire("d")
+    spec = records.ScheduleSpec("s", "wf", "* * * * *", "UTC", "skip", 60.0, None)
+    put = await world.schedules.put(spec, next_fire_at=None)
+    await world.schedules.get("s")
+    await world.schedules.list()
+    claimed = dataclasses.replace(put.state, skipped=1)  # a won claim: schedules.claimed too
+    assert await world.schedules.update("s", expected_version=put.version, state=claimed)
+    await world.schedules.delete("s")
 
     async def slow(message: object, meta: messages.DeliveryMeta) -> messages.Ack:
         await renewed.wait()  # held until a heartbeat renewed the lease

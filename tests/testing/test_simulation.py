@@ -2,7 +2,8 @@
 
 A fixed seed set runs the real orchestrator on the memory World under seeded
 faults and must hold every invariant (``KNOWN_FAILING`` would list a seed
-showing a known, unfixed bug; it is empty). ``PINNED`` replays seeds that once
+showing a known, unfixed bug; it is empty: seed 35, listed in session 8, was the
+simulation's model, docs/plans/s9-sim.md). ``PINNED`` replays seeds that once
 found a bug, each under the fault plan it failed with. The other tests keep the simulation
 honest: one seed replays to the same trace, planted defects in known-correct
 orchestrator rules are reported with their seed, a held loop is a violation,
@@ -88,6 +89,10 @@ STEP_START_AFTER_LAPSE = (
     "a background step's deliveries, told their lease lapsed (their process stalled), "
     "wrote step_started and ran no body; two such starts spent a max_retries=1 step's "
     "attempts and the live redelivery failed it as exhausted, never run"
+)
+LIMIT_WAKE_KEY = (
+    "limits: a woken waiter passed by a higher priority waits again, and a wake keyed per"
+    " wait (not per release) never reaches it again"
 )
 LATE_HOOK_ACTOR = (
     "simulation: a resume sent long before its hook exists gave up after 200 tries; the"
@@ -181,6 +186,15 @@ PINNED: list[tuple[int, str, str]] = [
         "duplicate=0.02,feed_drop=0.005,fence=0.003,kill=0.004,queue_error=0.02,stall=0.003,"
         "budget=4",
         LATE_HOOK_ACTOR,
+    ),
+    # Issue 17 item 4 (gen_limits draws a limit on this seed): a woken waiter that a
+    # higher-priority newcomer passed waited again, and every later wake reused its wait's
+    # key and was deduplicated: two runs never admitted (limit_waiter).
+    (
+        83,
+        "fail_after=0.005,fence=0.012,kill=0.008,lapse=0.012,lost_wake=0.002,pause=0.002,"
+        "queue_error=0.02,stall=0.003,budget=4",
+        LIMIT_WAKE_KEY,
     ),
     # Found by reverting each fix alone on a scratch tree and soaking seeds 0-199 with the
     # lapse, pause and crash faults (found_seeds.md, revert table): each fails with its fix
@@ -302,6 +316,82 @@ PINNED_RUN_AHEAD: list[tuple[int, str, str]] = [
 ]
 
 
+# Seeds found with issue 17's generators on (session 9, docs/plans/s9-sim.md), replayed
+# under their plan with the CLI flags they failed with (all generators unless named).
+CHILD_VERDICT_LOST = (
+    "simulation: a child's last attempt lost its verdict with its lease (fence) and was "
+    "failed as StepAttemptsExhausted by the rule; the parent's output is judged by the "
+    "child's log"
+)
+STALE_FAMILY_WRITE = (
+    "a child run's delivery told its lease lapsed wrote the child's outcome into its "
+    "parent's log (after_terminal): lease_ignored"
+)
+# Issue 17's generators, as these seeds were found (before gen_schedules).
+ISSUE17 = ("--generators", "attributes,children,timeouts,streams,hook_claims,limits")
+WITH_SCHEDULES = (ISSUE17[0], ISSUE17[1] + ",schedules")
+WITH_FENCES = (ISSUE17[0], ISSUE17[1] + ",schedules,stream_fences")
+PINNED_GENERATORS: list[tuple[int, str, tuple[str, ...], str]] = [
+    (
+        35,
+        "feed_drop=0.0025,fence=0.003,pause=0.004,storage_error=0.01,budget=12",
+        ("--optimistic", "on", *ISSUE17),
+        CHILD_VERDICT_LOST,
+    ),
+    (
+        2123,
+        "fail_after=0.02,feed_drop=0.01,fence=0.012,lost_wake=0.002,stall=0.0015,"
+        "storage_error=0.02,budget=8",
+        ("--generators", "children,streams"),
+        CHILD_VERDICT_LOST + " (a max_retries=0 step's in-band outcome refused)",
+    ),
+    (
+        110,
+        "duplicate=0.005,fail_after=0.01,queue_error=0.01,stall=0.006,budget=8",
+        ("--optimistic", "on", *ISSUE17),
+        STALE_FAMILY_WRITE,
+    ),
+    (
+        189,
+        "crash=0.001,fail_after=0.02,feed_drop=0.0025,kill=0.004,lapse=0.012,lost_wake=0.008,"
+        "pause=0.008,queue_error=0.01,stall=0.006,budget=12",
+        ("--optimistic", "default", *ISSUE17),
+        STALE_FAMILY_WRITE + " (told while it read the run's record)",
+    ),
+    (
+        16,
+        "crash=0.004,fail_after=0.02,kill=0.004,lapse=0.003,pause=0.004,queue_error=0.01,"
+        "stall=0.006,budget=8",
+        ("--optimistic", "default", *WITH_SCHEDULES),
+        "schedules: a claimed run whose start message's send failed stayed pending for good,"
+        " its schedule's firings held behind it: schedule_not_quiet",
+    ),
+    (
+        30,
+        "duplicate=0.005,fence=0.012,kill=0.008,lapse=0.006,lost_wake=0.002,stall=0.0015,budget=12",
+        ("--optimistic", "default", *WITH_SCHEDULES),
+        "simulation: a process spawned from a dying delivery inherited it; its firing loop's "
+        "cancel was taken for that delivery's write: lease_ignored",
+    ),
+    (
+        411,
+        "duplicate=0.01,feed_drop=0.01,fence=0.003,stall=0.006,storage_error=0.01,budget=4",
+        ("--optimistic", "on", *WITH_FENCES),
+        "a parent's delivery told its lease lapsed repaired a child's lost outcome report "
+        "into its log (ensure_open): lease_ignored",
+    ),
+    (
+        318,
+        "crash=0.001,fail_after=0.01,lapse=0.012,lost_wake=0.004,queue_error=0.02,"
+        "storage_error=0.02,budget=20",
+        ("--optimistic", "default", "--spec", "mixed"),  # every generator; the last --spec wins
+        "a background max_retries=0 step's start write had an unknown outcome and the one "
+        "read back failed too; the redelivery failed it as exhausted, never run: "
+        "exhausted_unrun",
+    ),
+]
+
+
 def _cli(*args: str, hash_seed: str | None = None) -> subprocess.CompletedProcess[str]:
     """The simulation's CLI in a fresh interpreter (under ``hash_seed`` if given)."""
     env = None if hash_seed is None else {**os.environ, "PYTHONHASHSEED": hash_seed}
@@ -348,7 +438,8 @@ def test_seed_holds_every_invariant(seed: int, ci_results: dict[int, dict[str, A
 )
 def test_pinned_seed_holds_every_invariant_under_its_plan(seed: int, plan: str) -> None:
     """A seed that once showed the bug in its id holds every invariant under its plan."""
-    done = _cli("--seed", str(seed), "--plan", plan, "--spec", "9")  # found on spec 9 runs
+    # Found on spec 9 runs, before issue 17's generators existed: replayed as pinned.
+    done = _cli("--seed", str(seed), "--plan", plan, "--spec", "9", "--no-features")
     assert done.returncode == 0, (
         "\n".join(
             line for line in done.stdout.splitlines() if line.startswith(("VIOLATION", "replay"))
@@ -364,6 +455,26 @@ def test_pinned_seed_holds_every_invariant_under_its_plan(seed: int, plan: str) 
 def test_pinned_run_ahead_seed_holds_every_invariant_under_its_plan(seed: int, plan: str) -> None:
     """A seed that once showed the run-ahead bug in its id holds every invariant."""
     done = _cli("--seed", str(seed), "--plan", plan, "--spec", "9", "--run-ahead", "10")
+    assert done.returncode == 0, (
+        "\n".join(
+            line for line in done.stdout.splitlines() if line.startswith(("VIOLATION", "replay"))
+        )
+        or done.stderr[-2000:]
+    )
+
+
+@pytest.mark.parametrize(
+    ("seed", "plan", "flags"),
+    [
+        pytest.param(seed, plan, flags, id=f"{seed}: {bug}")
+        for seed, plan, flags, bug in PINNED_GENERATORS
+    ],
+)
+def test_pinned_generator_seed_holds_every_invariant_under_its_plan(
+    seed: int, plan: str, flags: tuple[str, ...]
+) -> None:
+    """A seed that once showed the bug in its id, with issue 17's generators on."""
+    done = _cli("--seed", str(seed), "--plan", plan, "--spec", "9", *flags)
     assert done.returncode == 0, (
         "\n".join(
             line for line in done.stdout.splitlines() if line.startswith(("VIOLATION", "replay"))
@@ -535,12 +646,13 @@ def test_planted_f3_revert_is_reported_as_stale_body(monkeypatch: pytest.MonkeyP
     stalled process's leases lapse at its 3 s liveness, not its 10 s lease, and the
     schedule moved); of the candidates above 8 and 76 still did, under the same plan, and
     8 was used until run-ahead and optimistic starts (drawn per seed) moved the schedules
-    again; a search of seeds 0-199 then found 6, 7, 30 and 36, and 6 is used."""
+    again; a search of seeds 0-199 then found 6, 7, 30 and 36, and 6 is used. It runs
+    without issue 17's generators (``Config.generators``): their ops moved its schedule."""
     from treadle.world import messages
 
     _, plan = next((s, p) for s, p, bug in PINNED if bug.startswith("F3: stale_body"))
     seed = 6
-    config = Config(plan=FaultPlan.parse(plan))
+    config = Config(plan=FaultPlan.parse(plan), generators=(), warm=0)
     assert simulate(seed, config).ok
     monkeypatch.setattr(messages.DeliveryMeta, "lost_lease", lambda self: False)
     report = simulate(seed, config)
@@ -556,3 +668,26 @@ def test_pause_and_crash_strike_between_world_calls() -> None:
     assert points == {"process"}
     assert report.faults["pause"] >= 1 and report.faults["crash"] >= 1
     assert sum(report.faults.values()) <= 6
+
+
+def test_planted_overadmission_is_reported_as_a_limit_violation(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A limit store that admits every claim (issue 17 item 4) lets two runs of one key
+    overlap: the limit invariants (``invariants_limits``) report it. Seed 3 draws a
+    ``max=1`` limit with bodies that hold their slot for 0.3 s (``gen_limits.draw``)."""
+    from treadle.testing.memory import limits as memory_limits
+    from treadle.testing.simulation import gen_limits
+    from treadle.world import limitrules
+
+    plan = gen_limits.draw(3)
+    assert plan is not None and plan.max == 1 and plan.hold > 0
+    config = Config(plan=FaultPlan.none())
+    assert simulate(3, config).ok
+
+    async def admit_all(self: Any, claim: Any, *, now_ms: int) -> limitrules.Admission:
+        return limitrules.Admission(held=True)
+
+    monkeypatch.setattr(memory_limits.MemoryLimits, "acquire", admit_all)
+    kinds = {v.kind for v in simulate(3, config).violations}
+    assert {"limit_concurrency", "limit_step_concurrency"} <= kinds, kinds

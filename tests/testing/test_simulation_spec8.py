@@ -424,7 +424,9 @@ def test_the_kill_switch_brings_back_2780_and_ownership_prevents_it() -> None:
     its step message runs the body again in the other process, and the invariant
     reports it; with ownership on, the same seed and plan pass: the wake arms a
     backstop instead, and no residual risk but the body's length needs excusing."""
-    config = Config(runs=1, plan=FaultPlan.none(), spec="8")
+    # The generators as this seed was pinned with (schedules, drawn for seed 22, move it).
+    found_with = ("attributes", "children", "timeouts", "streams", "hook_claims", "limits")
+    config = Config(runs=1, plan=FaultPlan.none(), spec="8", generators=found_with)
     assert workload8.hook_mid_step(spec8.programs(ISSUE_2780, config.shape, [8])[0])
     off = simulate(ISSUE_2780, dataclasses.replace(config, ownership=False))
     found = [v for v in off.violations if v.kind == "duplicate_inline"]

@@ -8,17 +8,25 @@ import pytest
 
 from treadle.world import contract
 from treadle.world.conformance import (
+    attributes,
     changes,
+    children,
     entity_reads,
+    heartbeats,
+    hook_claims,
+    limits,
+    outcome_attempts,
     queue,
     queue_gating,
     queue_leases,
     queue_spec8,
     repin,
+    schedules,
     storage,
     storage_spec8,
     storage_views,
 )
+from treadle.world.conformance import streams as stream_conformance
 from treadle.world.conformance.harness import WorldHarness
 from treadle.worlds.local import LocalWorld
 
@@ -74,9 +82,41 @@ class TestLocalRepin(repin.RepinConformance):
     pass
 
 
+class TestLocalAttributes(attributes.AttributesConformance):
+    pass
+
+
+class TestLocalChildLinks(children.ChildLinkConformance):  # child workflows
+    pass
+
+
 class TestLocalSpec8Storage(storage_spec8.Spec8StorageConformance):
     pass
 
 
 class TestLocalSpec8Queue(queue_spec8.Spec8QueueConformance):
+    pass
+
+
+class TestLocalSchedules(schedules.SchedulesConformance):
+    pass
+
+
+class TestLocalLimits(limits.LimitConformance):  # issue 17 item 4
+    pass
+
+
+class TestLocalHeartbeats(heartbeats.HeartbeatsConformance):
+    pass
+
+
+class TestLocalStreams(stream_conformance.StreamsConformance):  # issue 17 item 6
+    pass
+
+
+class TestLocalHookClaims(hook_claims.HookClaimConformance):
+    pass
+
+
+class TestLocalOutcomeAttempts(outcome_attempts.OutcomeAttemptConformance):  # issue 17 item 5
     pass

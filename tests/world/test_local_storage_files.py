@@ -94,6 +94,9 @@ async def test_a_version_1_database_is_upgraded_in_place(tmp_path: Path) -> None
     await world.close()
     conn = sqlite3.connect(tmp_path / "w" / DATABASE_FILE)
     conn.execute("DROP TABLE deployments")
+    # A version 1 database has none of the later runs columns (child workflows' parent link).
+    conn.execute("ALTER TABLE runs DROP COLUMN parent_run_id")
+    conn.execute("ALTER TABLE runs DROP COLUMN parent_correlation_id")
     conn.execute("PRAGMA user_version = 1")
     conn.commit()
     conn.close()

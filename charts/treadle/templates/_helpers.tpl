@@ -67,7 +67,7 @@ name only (rbac.worldSecretNames).
   verbs: ["get", "patch"]
 - apiGroups: ["treadle.dev"]
   resources: ["workflowschedules"]
-  verbs: ["get", "list", "watch"]
+  verbs: ["get", "list", "watch", "patch"]
 - apiGroups: ["treadle.dev"]
   resources: ["workflowschedules/status"]
   verbs: ["get", "patch"]

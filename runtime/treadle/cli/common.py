@@ -112,3 +112,24 @@ def use_world(url: str | None) -> settings.Settings:
 def client() -> Workflows:
     """An app with no workflows and no worker: reads and writes the World only."""
     return Workflows(worker=False)
+
+
+def parse_attributes(pairs: list[str]) -> dict[str, Any]:
+    """``treadle start --attr KEY=VALUE`` (repeatable): the value as JSON when it parses,
+    else as a string; a bad key or pair is a ``UsageError`` naming it."""
+    from treadle.world import attributes as run_attributes
+
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        if not sep:
+            raise UsageError(f"--attr {pair!r}: expected KEY=VALUE")
+        if run_attributes.KEY_PATTERN.fullmatch(key) is None:
+            raise UsageError(
+                f"--attr {pair!r}: key {key!r} is not valid ({run_attributes.KEY_RULE})"
+            )
+        try:
+            out[key] = json.loads(text)
+        except ValueError:
+            out[key] = text
+    return out

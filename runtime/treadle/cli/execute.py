@@ -181,9 +181,10 @@ async def cmd_start(args: argparse.Namespace) -> int:
     call_args, call_kwargs = common.parse_input(args.input)
     common.check_arguments(target.workflow, call_args, call_kwargs)
     data = functions.encode_arguments(tuple(call_args), call_kwargs, f"workflow {target.name}")
+    seeded = common.parse_attributes(getattr(args, "attr", None) or [])
     client = common.client()
     try:
-        run = await client.start_encoded(target.name, data)
+        run = await client.start_encoded(target.name, data, attributes=seeded or None)
         record = await run.get()
     finally:
         await client.close()

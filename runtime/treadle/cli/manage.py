@@ -13,9 +13,10 @@ from typing import Any
 
 from pydantic_core import PydanticUndefined
 
-from treadle import clock, errors, moves, payloads, redaction, settings
+from treadle import childtree, clock, errors, limitview, moves, payloads, redaction, settings
 from treadle.cli import common, output, ownership
 from treadle.client import Workflows
+from treadle.world import attributes as run_attributes
 from treadle.world import contract, records
 
 
@@ -32,12 +33,17 @@ async def _client(args: argparse.Namespace) -> AsyncIterator[Workflows]:
 async def _existing(app: Workflows, run_id: str) -> records.RunRecord:
     """The run's record; ``RunNotFound`` (exit 2) for an unknown id."""
     world = await app.world()
-    return await world.runs.get(common.check_run_id(run_id))
+    (run,) = await limitview.annotate(world, [await world.runs.get(common.check_run_id(run_id))])
+    return run
 
 
 async def cmd_runs_list(args: argparse.Namespace) -> int:
     if args.limit < 1:
         raise common.UsageError(f"--limit must be at least 1, not {args.limit}")
+    try:  # --attr KEY=VALUE, repeatable, ANDed (docs/attributes.md)
+        wanted = run_attributes.parse_filter(getattr(args, "attr", None) or [])
+    except ValueError as exc:
+        raise common.UsageError(str(exc)) from None
     async with _client(args) as app:
         world = await app.world()
         found: list[records.RunRecord] = []
@@ -48,11 +54,13 @@ async def cmd_runs_list(args: argparse.Namespace) -> int:
                 workflow_name=args.workflow,
                 limit=min(args.limit - len(found), 100),
                 cursor=cursor,
+                attributes=wanted or None,
             )
             found.extend(page.runs)
             cursor = page.next_cursor
             if cursor is None:
                 break
+        found = await limitview.annotate(world, found)  # what each waits on, if a limit
     if args.json:
         output.emit_json([output.run_dict(r) for r in found])
         return common.OK
@@ -60,7 +68,7 @@ async def cmd_runs_list(args: argparse.Namespace) -> int:
         [
             r.run_id,
             r.workflow_name,
-            r.status,
+            output.status_text(r),
             output.short_time(r.created_at),
             output.short_time(r.updated_at),
         ]
@@ -76,10 +84,12 @@ async def cmd_runs_list(args: argparse.Namespace) -> int:
 async def cmd_runs_get(args: argparse.Namespace) -> int:
     async with _client(args) as app:
         run = await _existing(app, args.run)
+        family = await childtree.tree(await app.world(), run)  # child workflows
     if args.json:
-        output.emit_json(output.run_dict(run))
+        output.emit_json({**output.run_dict(run), **output.tree_dict(family)})
     else:
         output.print_run(run)
+        output.print_tree(family)
     return common.OK
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from treadle import payloads
+from treadle import childtree, limitview, payloads
 from treadle.world import events, records
 
 
@@ -87,7 +87,15 @@ def run_dict(run: records.RunRecord) -> dict[str, Any]:
         "started_at": iso(run.started_at),
         "completed_at": iso(run.completed_at),
         "updated_at": iso(run.updated_at),
+        "waiting_on_limit": limitview.waiting_dict(run.waiting_on_limit),
     }
+
+
+def status_text(run: records.RunRecord) -> str:
+    """The run's status, with the limit it waits on (issue 17 item 4)."""
+    if run.waiting_on_limit is None:
+        return run.status
+    return f"{run.status} (waiting on {run.waiting_on_limit.limit})"
 
 
 def print_run(run: records.RunRecord) -> None:
@@ -104,6 +112,27 @@ def print_run(run: records.RunRecord) -> None:
         out(f"{'error:':<15}{run.error.type}: {run.error.message}")
     if run.attributes:
         out(f"{'attributes:':<15}{json_text(run.attributes)}")
+    if run.waiting_on_limit is not None:
+        out(f"{'waiting on:':<15}{run.waiting_on_limit.describe()}")
+
+
+def tree_dict(family: childtree.RunTree) -> dict[str, Any]:
+    """A run's parent link and children (child workflows), as ``runs get --json`` adds."""
+    return {
+        "parent_run_id": family.parent_run_id,
+        "parent_correlation_id": family.parent_correlation_id,
+        "children": [c.as_dict() for c in family.children],
+    }
+
+
+def print_tree(family: childtree.RunTree) -> None:
+    if family.parent_run_id is not None:
+        out(f"{'parent:':<15}{family.parent_run_id} ({family.parent_correlation_id})")
+    if family.children:
+        out(f"{'children:':<15}{len(family.children)}")
+        for child in family.children:
+            policy = "" if child.on_parent_close == "cancel" else " [abandon]"
+            out(f"  {child.run_id}  {child.workflow_name}  {child.status}{policy}")
 
 
 def step_name(event: events.LoggedEvent) -> str | None:

@@ -7,7 +7,7 @@ import sys
 from typing import NoReturn, get_args
 
 from treadle import __version__
-from treadle.cli import execute, kube, manage, serving
+from treadle.cli import execute, kube, lintcmd, manage, schedules, serving, streamcmd
 from treadle.world import records
 
 TARGET_HELP = "path/to/file.py:WORKFLOW or package.module:WORKFLOW"
@@ -129,6 +129,9 @@ def build_parser() -> Parser:
     move.add_argument("--to", required=True, metavar="DEPLOYMENT")
     move.add_argument("--reason", metavar="TEXT")
     move.set_defaults(handler=manage.cmd_runs_move)
+    streamcmd.add_parser(runs_commands, shared)  # issue 17 item 6: treadle runs stream
+
+    schedules.add_commands(commands, shared)  # issue 17 item 3: treadle schedules ...
 
     inspect = commands.add_parser("inspect", parents=shared, help="a run's event timeline")
     inspect.add_argument("run", metavar="RUN")
@@ -247,4 +250,27 @@ def build_parser() -> Parser:
         "--check", action="store_true", help="write nothing; exit 1 if a file is stale"
     )
     crds.set_defaults(handler=kube.cmd_crds)
+
+    # Run attributes (issue 17 item 2, docs/attributes.md) and the determinism linter
+    # (issue 17 item 9, docs/lint.md).
+    attr_help = "KEY=VALUE (repeatable; VALUE read as JSON when it parses, else a string)"
+    start.add_argument("--attr", action="append", metavar="KEY=VALUE", help=attr_help)
+    listing.add_argument(
+        "--attr",
+        action="append",
+        metavar="KEY=VALUE",
+        help=f"only runs with it: {attr_help}, ANDed",
+    )
+    lint = commands.add_parser(
+        "lint",
+        help="report non-deterministic calls in workflow code (docs/lint.md)",
+        description="Read Python files (or every .py file under a directory) without "
+        "importing them and report, in @...workflow functions, calls that break replay "
+        "(time, random, uuid, I/O, threads, global state), each with file:line:col, a rule "
+        "code and the treadle replacement. Exit 0: nothing found; 1: findings; 2: a path "
+        "that does not exist or a file that does not parse.",
+    )
+    lint.add_argument("paths", nargs="+", metavar="PATH")
+    lint.add_argument("--format", choices=["text", "json"], default="text")
+    lint.set_defaults(handler=lintcmd.cmd_lint)
     return parser

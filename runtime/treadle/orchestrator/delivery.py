@@ -20,13 +20,14 @@ import logging
 from typing import Any
 
 from treadle import clock, errors, serde, telemetry
+from treadle.orchestrator import children as family
 from treadle.orchestrator import compat, decisions, divergence, hookwrites, pinning, polling, steps
 from treadle.orchestrator import specrouting as by_spec
 from treadle.orchestrator.inline import InlineSteps, check_lease
 from treadle.orchestrator.runahead import RunAhead, RunAheadRestartsSpent
 from treadle.orchestrator.runtime import Runtime
 from treadle.orchestrator.session import RunSession
-from treadle.orchestrator.turbo import OptimisticStarts
+from treadle.orchestrator.turbo import OptimisticStarts, turbo_start_from_record
 from treadle.orchestrator.waits import WaitArmer, ms, now_ms
 from treadle.orchestrator.writer import LeaseLost, Superseded
 from treadle.replay import engine, operations
@@ -63,8 +64,7 @@ class OrchestratorDelivery:
         )
         self._divergences = 0
         self._hook_conflicts = hookwrites.ConflictContinuations(self.run_id)
-        # Turbo (the start message's first delivery): run_started goes out without waiting;
-        # every later write queues on the writer behind it.
+        # Turbo (a start's first delivery): run_started is not awaited; later writes queue behind.
         self._turbo = False
         self._run_started: asyncio.Future[events.LoggedEvent] | None = None
         self.turbo = OptimisticStarts(self.settings, self.run_id)  # early inline bodies
@@ -143,12 +143,13 @@ class OrchestratorDelivery:
         self.session.news.set()
 
     async def _run(self) -> messages.HandlerResult:
+        await self.inline.flushes_landed()  # a handed-off stream flush lands first
         if not await self._load():
             return messages.ACK
         state = self.session.state
         telemetry.describe_run(state.workflow_name, state.spec_version)  # on the span
         if state.terminal is not None:
-            return messages.ACK
+            return await self._finish()  # what it owes its parent and children
         if by_spec.hands_off(state.spec_version, specversions.Family.SPEC9):
             # A spec 8 run reached by a wrong hint: sent again with its own version before
             # anything replays (seed 003 "Resolving a delivery's spec").
@@ -169,8 +170,7 @@ class OrchestratorDelivery:
             return messages.Redeliver(constants.MAX_REDELIVER_SECONDS)
         compat.require_fence(self.rt.world, state.spec_version, run_id=self.run_id)
         cap = self.settings.WORKFLOW_MAX_QUEUE_DELIVERIES
-        # The queue's own count: deliveries only the message's headers vouch for (a forged
-        # Treadle-Delivery-Offset, H2) never fail a run.
+        # The queue's own count: a forged Treadle-Delivery-Offset header (H2) never fails a run.
         if self.meta.own_attempts > cap:
             await self.session.fail_out_of_band(
                 events.ErrorInfo(
@@ -195,13 +195,14 @@ class OrchestratorDelivery:
             return messages.ACK
         if self.meta.delivery_count > 1 or self.message.recovery:
             await self._resend_steps()
+            await family.ensure_open(self.rt.world, state, self.meta.lost_lease)  # owed effects
         if self._nothing_new():
             if self.meta.delivery_count > 1:
                 # A coalesced re-run may hold an early final timer: re-arm near-due waits,
                 # or that wait would never complete (seed 003 "Near due (C2)"; audit C6).
                 await self.waits.arm_near_due()
             return messages.ACK
-        self.session.start_replay(workflow)
+        self.session.first_replay(workflow)  # a warm session's live one (orchestrator.warm)
         if not state.started:
             if self._turbo:
                 # Queued on the writer ahead of every later write; not awaited here. Its
@@ -243,7 +244,9 @@ class OrchestratorDelivery:
             and self.meta.delivery_count == 1
         ):
             try:
-                turbo = await self._turbo_start(start)
+                turbo = await turbo_start_from_record(
+                    self.rt.world, self.run_id, start, self.meta.message_id
+                )
             except errors.RunNotFound:
                 log.warning(
                     "run %s: start message %s names no run; nothing run or written",
@@ -256,41 +259,11 @@ class OrchestratorDelivery:
                 self._turbo = True
                 return True
         try:
-            await self.session.load()
+            await self.session.load(try_warm=True)
         except errors.RunNotFound:
             log.warning("run %s: message %s names no run", self.run_id, self.meta.message_id)
             return False
         return True
-
-    async def _turbo_start(self, start: messages.RunInput) -> messages.RunInput | None:
-        """Turbo's log of one ``run_created``, from the run's record, never from the message
-        (security review H2: a forged start names no run, or another input): the record
-        (one row, not the log) must show a pending run with nothing after its creation, or
-        the delivery loads the log. A start whose ``run_input`` differs from the record is
-        logged and served from the record."""
-        record = await self.rt.world.runs.get(self.run_id)
-        if record.status != "pending" or record.snapshot != events.Snapshot(
-            seq=1, seq_in_band=constants.IN_BAND_SEQ_AT_RUN_CREATION
-        ):
-            return None
-        logged = messages.RunInput(
-            workflow_name=record.workflow_name,
-            input=record.input,
-            spec_version=record.spec_version,
-            deployment_id=record.deployment_id,
-            created_at=record.created_at,
-        )
-        sent = (start.workflow_name, start.input, start.spec_version)
-        if sent != (logged.workflow_name, logged.input, logged.spec_version) or (
-            start.deployment_id not in (None, record.deployment_id)
-        ):
-            log.warning(
-                "run %s: start message %s carries a run_input other than the run's record "
-                "(forged or stale); the record's is used",
-                self.run_id,
-                self.meta.message_id,
-            )
-        return logged
 
     # -- the passes ------------------------------------------------------------------
 
@@ -307,10 +280,11 @@ class OrchestratorDelivery:
                 log.warning("run %s: moved to deployment %s mid-delivery", self.run_id, moved)
                 spec = self.session.state.spec_version
                 return await pinning.reroute(self.rt, self.message, moved, run_spec_version=spec)
-            if now_ms() >= self.deadline_ms:
+            if now_ms() >= self.deadline_ms or self.inline.flush_handoff():
                 await self.inline.settle()
                 await self.waits.arm_owned_chains()
-                log.info("run %s: inline window over; handing off", self.run_id)
+                self.session.keep_warm = True  # kept if at rest (orchestrator.warm)
+                log.info("run %s: %s; handing off", self.run_id, self.inline.handoff_reason())
                 return messages.HANDOFF
             if await self.ahead.attend():
                 # Run-ahead repaired or restarted: replay from the new log, no early starts.
@@ -318,8 +292,9 @@ class OrchestratorDelivery:
                 continue
             await self.waits.complete_due_waits()
             outcome = self.replay.advance()
-            if not isinstance(outcome, engine.Suspended) and await self.ahead.drain():
-                continue  # judge an end on the committed log only
+            if await self.ahead.before_acting(outcome):
+                continue  # an end judged on the committed log; attr_sets written first
+            await family.before_end(self.session, outcome)  # children started, not awaited
             match outcome:
                 case engine.Ended():
                     return await self._finish()
@@ -336,7 +311,8 @@ class OrchestratorDelivery:
                         await self.session.write_terminal(events.RunCompleted(output=output))
                     return await self._finish()
                 case engine.Failed(error=error):
-                    await self.inline.settle()
+                    if not isinstance(error, errors.RunTimedOut):  # failed at its deadline,
+                        await self.inline.settle()  # its bodies settle after (timeouts.md)
                     await self.session.write_terminal(
                         events.RunFailed(error=steps.error_info(error))
                     )
@@ -350,16 +326,17 @@ class OrchestratorDelivery:
                         return result
 
     async def _started(self) -> None:
-        """Turbo: wait for run_started (in flight since the delivery began) and raise its
-        refusal, as awaiting it there would have."""
+        """Turbo: wait for run_started (in flight since the delivery began); raise its refusal."""
         started, self._run_started = self._run_started, None
         if started is not None:
             await started
 
-    async def _finish(self) -> messages.HandlerResult:
+    async def _finish(self, *, warm: bool = False) -> messages.HandlerResult:
         await self._started()
         await self.inline.settle()
-        self.rt.consumed[self.run_id] = self.session.tail
+        # Told its lease lapsed, it writes nothing (F3; its redelivery does: sim seed 110).
+        await family.after_terminal(self.rt.world, self.session.state, self.meta.lost_lease)
+        self.session.consumed(keep_warm=warm)  # a clean suspension: keep the replay live
         return messages.ACK
 
     async def _recover_divergence(self, diverged: engine.Diverged) -> bool:
@@ -413,7 +390,7 @@ class OrchestratorDelivery:
             await self.waits.arm_near_due()
         if self.session.tail > decided:
             return None  # an event arrived after the last pass: decide on it first
-        return await self._finish()
+        return await self._finish(warm=True)
 
     def _should_linger(self) -> bool:
         state = self.session.state
@@ -480,9 +457,10 @@ class OrchestratorDelivery:
         conflicts = await hookwrites.write_hooks(self.session, suspended)
         if conflicts:
             return await self._after_hook_conflict(conflicts)
+        await family.create(self.session, suspended.new)  # child_created, then the runs
         waits = [op for op in suspended.new if isinstance(op, operations.Sleep)]
         calls = [op for op in suspended.new if isinstance(op, operations.StepCall)]
-        inline = [c for c in calls if c.input_error is None][: self.inline.slots()]
+        inline = [c for c in calls if c.may_run_inline][: self.inline.slots()]
         batch: list[events.Event] = []
         for call in calls:
             batch += decisions.step_creation(

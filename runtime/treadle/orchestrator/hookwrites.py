@@ -24,7 +24,7 @@ Called by ``orchestrator.delivery`` (``OrchestratorDelivery._create``).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Protocol
 
 from treadle.replay import engine, operations
@@ -43,9 +43,17 @@ class HookWriter(Protocol):
     async def write(self, event: events.Event) -> events.LoggedEvent: ...
 
 
-async def write_hooks(session: HookWriter, suspended: engine.Suspended) -> list[str]:
+async def write_hooks(
+    session: HookWriter,
+    suspended: engine.Suspended,
+    *,
+    on_claimed: Callable[[events.HookCreated], Awaitable[None]] | None = None,
+) -> list[str]:
     """Write the suspension's hook disposals and creations; the ids of new hooks that
-    came back as ``hook_conflict`` (the writes stop at the first one)."""
+    came back as ``hook_conflict`` (the writes stop at the first one). A creation the
+    World stored as a force-claim (``claimed_from``) is handed to ``on_claimed`` (the
+    victim's wake, ``orchestrator.hookclaims``) before the next write."""
+    on_claimed = on_claimed or getattr(session, "claimed", None)
     for hook in suspended.dispose:
         await session.write(events.HookDisposed(correlation_id=hook.correlation_id))
         hook.disposed = True
@@ -57,8 +65,13 @@ async def write_hooks(session: HookWriter, suspended: engine.Suspended) -> list[
                 token=op.token,
                 metadata=op.metadata,
                 position=op.position,
+                force=op.force,
+                token_retention_until=op.token_retention_until,
             )
         )
+        created = logged.event
+        if isinstance(created, events.HookCreated) and created.claimed_from and on_claimed:
+            await on_claimed(created)
         if isinstance(logged.event, events.HookConflict):
             log.info(
                 "run %s: hook %r at position %d conflicts with run %s",

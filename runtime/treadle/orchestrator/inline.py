@@ -19,13 +19,14 @@ import asyncio
 from typing import TYPE_CHECKING, Any
 
 from treadle import clock, errors
-from treadle.orchestrator import steps
+from treadle.orchestrator import steps, streamflush
 from treadle.orchestrator.logstate import StepState
 from treadle.orchestrator.runtime import Runtime
 from treadle.orchestrator.session import RunSession
 from treadle.orchestrator.waits import now_ms
 from treadle.orchestrator.writer import LeaseLost, Superseded
 from treadle.replay import operations
+from treadle.sdk import streams
 from treadle.world import events, messages
 
 if TYPE_CHECKING:
@@ -60,6 +61,8 @@ class InlineSteps:
         # Every step this delivery ran a body of; run-ahead, when the delivery has it.
         self.ran: set[str] = set()
         self.runahead: RunAhead | None = None
+        # Stream flushes bodies left running when they returned (``flush_handoff``).
+        self.deferred = streams.Deferred()
 
     @property
     def running(self) -> set[str]:
@@ -73,6 +76,18 @@ class InlineSteps:
 
     def tasks_of(self, step_id: str) -> list[asyncio.Task[None]]:
         return [task for task, running in self._tasks.items() if running == step_id]
+
+    def flush_handoff(self) -> bool:
+        """A body returned with its stream still flushing and none runs: hand off (seed 003
+        "Stream-flush handoff", ``streamflush``)."""
+        return self.deferred.pending() and all(task.done() for task in self._tasks)
+
+    def handoff_reason(self) -> str:
+        return "a step's stream is still flushing" if self.flush_handoff() else "inline window over"
+
+    async def flushes_landed(self) -> None:
+        """Wait for the stream flushes this process still runs for the run."""
+        await streamflush.wait_pending(self.run_id)
 
     def any_done(self) -> bool:
         return any(t.done() for t in self._tasks)
@@ -101,7 +116,11 @@ class InlineSteps:
         """
         if self.meta.lost_lease() and call.max_retries != 0:
             return
-        self._spawn(call.correlation_id, call.step_name, call.input, 1, call.max_retries)
+        # Run-ahead may start it before its speculative start commits: chunks wait on that.
+        barrier = None if self.runahead is None else self.runahead.start_gate(call.correlation_id)
+        self._spawn(
+            call.correlation_id, call.step_name, call.input, 1, call.max_retries, barrier=barrier
+        )
 
     def start_early(self, call: operations.StepCall, started: asyncio.Future[bool]) -> None:
         """Turbo: start the body now, before its ``step_started`` commits; its outcome is
@@ -117,9 +136,11 @@ class InlineSteps:
         attempt: int,
         max_retries: int,
         started: asyncio.Future[bool] | None = None,
+        *,
+        barrier: asyncio.Future[bool] | None = None,
     ) -> None:
         task = asyncio.get_running_loop().create_task(
-            self._run(step_id, step_name, step_input, attempt, max_retries, started),
+            self._run(step_id, step_name, step_input, attempt, max_retries, started, barrier),
             name=f"treadle-inline-{step_id}",
         )
         task.add_done_callback(lambda _task: self.session.news.set())
@@ -134,7 +155,10 @@ class InlineSteps:
         attempt: int,
         max_retries: int,
         started: asyncio.Future[bool] | None = None,
+        barrier: asyncio.Future[bool] | None = None,
     ) -> None:
+        # This task's own context: stream chunks wait on the start (turbo, run-ahead).
+        streamflush.inline_body(self.deferred, started if barrier is None else barrier)
         outcome = await steps.execute(
             self.rt,
             run_id=self.run_id,
@@ -145,6 +169,7 @@ class InlineSteps:
             attempt=attempt,
             max_retries=max_retries,
             started_at=clock.utcnow(),
+            lease=self.meta,
         )
         event = steps.outcome_event(step_id, step_name, attempt, outcome)
         if started is not None and not await started:
@@ -253,10 +278,11 @@ class InlineSteps:
 
     async def _write_outcome(self, event: events.Event) -> None:
         """An inline outcome, in-band. The World refuses a second one (StepAlreadyEnded,
-        F2): another attempt's outcome won; read it from the log instead."""
+        F2): another attempt's outcome won; read it from the log instead. So for an
+        outcome of an attempt a later start superseded (StaleStepOutcome)."""
         try:
             await self.session.write(event)
-        except errors.StepAlreadyEnded:
+        except (errors.StepAlreadyEnded, errors.StaleStepOutcome):
             await self.session.read_tail()
 
     async def _move_to_message(self, step: StepState, attempt: int, max_retries: int) -> None:

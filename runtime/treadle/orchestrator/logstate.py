@@ -13,6 +13,8 @@ from datetime import datetime
 
 from pydantic import JsonValue
 
+from treadle.orchestrator.childlog import FOLDED as CHILD_FOLDED
+from treadle.orchestrator.childlog import ChildLog
 from treadle.world import events
 
 
@@ -42,6 +44,8 @@ class WaitState:
     creator_message_id: str | None
     slot: int
     completed: bool = False
+    # The run timeout's wait (position -1, ``treadle.runtimeouts``): no wake-up ends it.
+    run_deadline: bool = False
 
 
 @dataclass
@@ -66,10 +70,16 @@ class LogState:
     open_background_steps: set[str] = field(default_factory=set)
     # Wake-ups not yet acted on: (slot written, the waits named or None for all).
     wake_requests: list[tuple[int, list[str] | None]] = field(default_factory=list)
+    # Child workflows: the run's parent and children (``orchestrator.childlog``).
+    children: ChildLog = field(default_factory=ChildLog)
+    # Force-claims in the log: hook id -> (victim run id, creation time) (orchestrator.hookclaims).
+    forced_claims: dict[str, tuple[str, datetime]] = field(default_factory=dict)
 
     def apply(self, logged: events.LoggedEvent) -> None:
         self.tail = max(self.tail, logged.slot)
         at = logged.created_at
+        if logged.event.type in CHILD_FOLDED:
+            self.children.apply(logged)
         match logged.event:
             case events.RunCreated() as e:
                 self.workflow_name, self.deployment_id = e.workflow_name, e.deployment_id
@@ -117,6 +127,7 @@ class LogState:
                         e.resume_at,
                         e.creator_message_id,
                         logged.slot,
+                        run_deadline=e.position == -1,
                     ),
                 )
             case events.WaitCompleted() as e:
@@ -126,6 +137,8 @@ class LogState:
                     self.open_wait_ids.discard(e.correlation_id)
             case events.HookCreated() as e:
                 self.open_hooks.add(e.correlation_id)
+                if e.claimed_from is not None:  # a force-claim owing its victim a wake
+                    self.forced_claims[e.correlation_id] = (e.claimed_from, at)
             case events.HookDisposed() | events.HookReceived() | events.HookConflict() as e:
                 # A hook takes one payload (the World frees its token as it records it).
                 self.open_hooks.discard(e.correlation_id)
@@ -166,6 +179,8 @@ class LogState:
             return woken
         for slot, names in self.wake_requests:
             for wait in self.open_waits():
+                if wait.run_deadline:
+                    continue  # a wake-up ends sleeps, never the run timeout
                 if (names is None and wait.slot < slot) or (names and wait.wait_id in names):
                     woken.add(wait.wait_id)
         return woken

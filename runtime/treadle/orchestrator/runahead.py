@@ -34,6 +34,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from treadle import clock, errors
+from treadle.orchestrator import attributes as attribute_writes
 from treadle.orchestrator import decisions
 from treadle.orchestrator.logstate import LogState
 from treadle.orchestrator.runtime import Runtime
@@ -99,6 +100,8 @@ def run_ahead_hazard(
         return None if cid in inline_steps else f"{event.type} of step {cid}, not run inline here"
     if isinstance(event, events.WaitCompleted):
         return f"wait_completed of wait {cid} (only the orchestrator completes waits)"
+    if isinstance(event, events.ChildCompleted | events.ChildFailed):
+        return f"{event.type} of child {cid}"
     return None  # run_cancelled, attr_set, wake_requested, ...: never
 
 
@@ -108,6 +111,8 @@ def inert(state: LogState, *, window_end_ms: int) -> bool:
     due within the inline window plus 30 s, no wake-up pending, the run not ended."""
     if state.terminal is not None or state.open_hooks or state.has_open_background_step():
         return False
+    if state.children.open:
+        return False  # a child's outcome is another writer's event (child workflows)
     if state.waits_woken():
         return False
     horizon = window_end_ms + NEAR_WAIT_MARGIN_MS
@@ -161,9 +166,23 @@ class RunAhead:
         self._uncommitted_starts: set[str] = set()
         self._refused_starts: set[str] = set()
         self._orphans: set[asyncio.Task[None]] = set()
+        # Streams: a body started ahead of its start has its chunks wait on this (True
+        # once the start committed, False once refused or the delivery ended).
+        self._start_gates: dict[str, asyncio.Future[bool]] = {}
         inline.runahead = self
 
     # -- state -----------------------------------------------------------------------
+
+    def start_gate(self, step_id: str) -> asyncio.Future[bool] | None:
+        """The stream barrier of a body whose speculative start has not committed yet."""
+        if step_id not in self._uncommitted_starts:
+            return None
+        return self._start_gates.setdefault(step_id, asyncio.get_running_loop().create_future())
+
+    def _settle_gate(self, step_id: str, committed: bool) -> None:
+        gate = self._start_gates.pop(step_id, None)
+        if gate is not None and not gate.done():
+            gate.set_result(committed)
 
     @property
     def starting(self) -> set[str]:
@@ -239,7 +258,7 @@ class RunAhead:
             and not suspended.dispose
             and calls
             and len(calls) == len(new)
-            and all(c.input_error is None for c in calls)
+            and all(c.may_run_inline for c in calls)
             and len(calls) <= slots
         ):
             if pending + len(calls) > MAX_SPECULATIVE_BATCH_EVENTS:
@@ -384,6 +403,7 @@ class RunAhead:
             committed.append(logged)
             if isinstance(logged.event, events.StepStarted):
                 self._uncommitted_starts.discard(cid)
+                self._settle_gate(cid, True)
                 call = group.deferred.pop(cid, None)
                 if call is not None:
                     self.inline.start_committed(call)
@@ -418,6 +438,7 @@ class RunAhead:
     def _refuse_start(self, step_id: str) -> None:
         """A speculative creation that never committed: its running body's outcome is not
         written, and the restarted pass runs it again (counted)."""
+        self._settle_gate(step_id, False)
         if step_id in self._refused_starts:
             return
         self._refused_starts.add(step_id)
@@ -433,6 +454,15 @@ class RunAhead:
         self._hazard = self._hazard or hazard
 
     # -- the delivery's side: draining, repairing, restarting --------------------------
+
+    async def before_acting(self, outcome: engine.Outcome) -> bool:
+        """Right after a pass's ``advance``: an end is judged on the committed log only
+        (drained first), and the pass's workflow ``attr_set`` decisions are written
+        in-band, never speculatively (``orchestrator.attributes``); True: run the pass
+        again (the delivery replayed, or attributes were written)."""
+        if not isinstance(outcome, engine.Suspended) and await self.drain():
+            return True
+        return await attribute_writes.write_pending(self.session, self.drain, outcome)
 
     async def drain(self) -> bool:
         """Let every speculative write commit, then repair or restart if needed; True
@@ -519,3 +549,5 @@ class RunAhead:
         while self._pump is not None and not self._pump.done():
             await asyncio.wait([self._pump])
             self.kick()
+        for step_id in list(self._start_gates):
+            self._settle_gate(step_id, False)  # never committed by this delivery

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from treadle.orchestrator.spec8.singleflight import SingleFlight
+from treadle.orchestrator.warm import WarmRuns
 from treadle.sdk import functions
 from treadle.settings import Settings
 from treadle.world import contract, messages
@@ -38,6 +39,10 @@ class RecentKeys:
         self._keys[key] = None
         if len(self._keys) > self._limit:
             self._keys.popitem(last=False)
+
+    def forget(self, key: str) -> None:
+        """Undo ``first_time`` for a key whose work failed (a later call may do it again)."""
+        self._keys.pop(key, None)
 
 
 # Runs whose last consumed slot a process remembers (the no-op wake's fast path): the
@@ -99,6 +104,16 @@ class Runtime:
     resent_invocations: RecentKeys = field(default_factory=RecentKeys)
     # Spec 8 (seed 000): one running inline body per run:correlation id in this process.
     single_flight: SingleFlight = field(default_factory=SingleFlight)
+    # Suspended runs' live replays, kept for their next delivery (``orchestrator.warm``),
+    # bounded by TREADLE_WARM_RUNS and TREADLE_WARM_EVENTS.
+    warm: WarmRuns = field(init=False)
+    # Concurrency and rate limits (``limitgate``): runs this process saw admitted (a
+    # limited run holds its slot for its life), and runs of workflows with no limit.
+    limit_admitted: RecentKeys = field(default_factory=RecentKeys)
+    limit_free: RecentKeys = field(default_factory=RecentKeys)
+
+    def __post_init__(self) -> None:
+        self.warm = WarmRuns.from_settings(self.settings)
 
     def wake_message(
         self, run_id: str, deployment_id: str | None, *, spec_version: int

@@ -20,12 +20,13 @@ from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 from typing import Any
 
-from treadle import errors
-from treadle.orchestrator import reads
+from treadle import errors, runtimeouts
+from treadle.orchestrator import children, hookclaims, hookdrain, reads, streamflush, warm
 from treadle.orchestrator.logstate import LogState
 from treadle.orchestrator.runtime import Runtime, step_key
 from treadle.orchestrator.writer import InBandWriter, LeaseLost
 from treadle.replay import engine
+from treadle.replay.operations import ChildScope
 from treadle.sdk import functions
 from treadle.world import constants, contract, events, messages, records
 
@@ -53,6 +54,14 @@ class RunSession:
         # from anywhere are kept in ``_stash`` until run-ahead settles, never fed.
         self.confirmed: int | None = None
         self._stash: dict[int, events.LoggedEvent] = {}
+        # Warm sessions (``orchestrator.warm``): the workflow a kept replay was adopted for
+        # (None: cold), and whether ``close`` may keep this one's replay for the next
+        # delivery (set by the delivery at a clean suspension).
+        self.warm_workflow: functions.WorkflowFunction[Any, Any] | None = None
+        self.keep_warm = False
+        # Holds turbo's synthesized run_created (not read from the log): a session kept
+        # from it is continued only once the log's own slot 1 was read and found equal.
+        self.synthesized = False
 
     @property
     def tail(self) -> int:
@@ -62,10 +71,23 @@ class RunSession:
     def has_pending(self) -> bool:
         return bool(self._pending)
 
+    @property
+    def has_stash(self) -> bool:
+        return bool(self._stash)
+
+    def consumed(self, *, keep_warm: bool = False) -> None:
+        """The delivery ends having consumed the log through ``tail`` (the no-op wake's
+        fast path); ``keep_warm``: at a clean suspension, so ``close`` may keep its replay."""
+        self.rt.consumed[self.run_id] = self.tail
+        self.keep_warm = keep_warm
+
     def close(self) -> None:
         if self._feed is not None:
             self._feed.close()
             self._feed = None
+        if self.keep_warm:
+            self.keep_warm = False
+            warm.keep(self)  # the replay stays live in the cache, or is closed below
         if self.replay is not None:
             self.replay.close()
 
@@ -83,9 +105,11 @@ class RunSession:
                 input=start.input,
                 deployment_id=start.deployment_id or self.rt.deployment_id,
                 spec_version=start.spec_version,
+                attributes=dict(start.attributes),
             ),
         )
         self.loaded = [created]
+        self.synthesized = True
         self.state.apply(created)
         snapshot = events.Snapshot(seq=1, seq_in_band=constants.IN_BAND_SEQ_AT_RUN_CREATION)
         self.writer = self._writer(snapshot)
@@ -99,8 +123,12 @@ class RunSession:
             read_timeout_ms=self.rt.settings.WORKFLOW_ORCHESTRATOR_READ_TIMEOUT_MS,
         )
 
-    async def load(self, *, keep_writer: bool = False) -> None:
-        """A full load; the writer adopts the first page's snapshot (never a count)."""
+    async def load(self, *, keep_writer: bool = False, try_warm: bool = False) -> None:
+        """A full load; the writer adopts the first page's snapshot (never a count).
+        ``try_warm``: first try this run's warm session (``orchestrator.warm``): read only the
+        log after it, and load in full only when it cannot continue."""
+        if try_warm and await self._resume_warm():
+            return
         page = await self.rt.world.events.list(self.run_id)
         snapshot = page.snapshot
         loaded = list(page.events)
@@ -114,16 +142,73 @@ class RunSession:
                 run_id=self.run_id,
             )
         self.loaded = loaded
+        self.synthesized = False
         self.drop_speculation()
         self.state = LogState(self.run_id)
         for event in loaded:
             self.state.apply(event)
         if not keep_writer or self.writer is None:
             self.writer = self._writer(snapshot)
+        await hookclaims.repay(self.rt, self.run_id, self.state)  # force-claims owing a wake
 
-    def start_replay(self, workflow: functions.WorkflowFunction[Any, Any]) -> engine.Replay:
-        if self.replay is not None:
-            self.replay.close()
+    async def claimed(self, created: events.HookCreated) -> None:
+        """A hook creation the World stored as a force-claim: wake its victim."""
+        await hookclaims.waker(self.rt, self.run_id)(created)
+
+    async def _resume_warm(self) -> bool:
+        """Adopt the run's warm session when the log after it continues it; else drop it."""
+        kept = self.rt.warm.take(self.run_id)
+        if kept is None:
+            return False
+        reason = warm.usable(self, kept)
+        new: list[events.LoggedEvent] = []
+        snapshot: events.Snapshot | None = None
+        try:
+            if reason is None and kept.synthesized:
+                # Seed 003: a re-run of turbo's first delivery reads the log, never trusts
+                # the synthesis: the log's slot 1 must be what the session was built on.
+                first = await self.rt.world.events.list(self.run_id, limit=1)
+                if list(first.events[:1]) != kept.loaded[:1]:
+                    reason = "synthesized"
+            if reason is None:
+                page = await self._read_page(kept.tail, reads.READ_ATTEMPTS)
+                snapshot, new = page.snapshot, list(page.events)
+                while page.has_more:
+                    page = await self._read_page(page.cursor, reads.READ_ATTEMPTS)
+                    new.extend(page.events)
+                reason = warm.discontinuity(kept, snapshot, new)
+        except BaseException:
+            kept.close()
+            raise
+        if reason is not None or snapshot is None:
+            warm.STATS.cold[reason or "unread"] += 1
+            log.debug("run %s: warm session dropped (%s); loading cold", self.run_id, reason)
+            kept.close()
+            return False
+        self.drop_speculation()
+        self.loaded, self.state, self.replay = kept.loaded, kept.state, kept.replay
+        self.warm_workflow = kept.workflow
+        for event in new:
+            self.replay.feed(event)
+            self.loaded.append(event)
+            self.state.apply(event)
+        self.writer = self._writer(snapshot)
+        warm.STATS.resumed += 1
+        warm.STATS.events_folded += len(new)
+        if warm.VERIFY is not None:
+            warm.VERIFY(self)
+        return True
+
+    def first_replay(self, workflow: functions.WorkflowFunction[Any, Any]) -> engine.Replay:
+        """The delivery's replay: the warm one it adopted for ``workflow``, else a new one."""
+        if self.replay is not None and self.warm_workflow is workflow:
+            return self.replay
+        return self.start_replay(workflow)
+
+    def new_replay(self, workflow: functions.WorkflowFunction[Any, Any]) -> engine.Replay:
+        """A fresh replay of this run's workflow, fed nothing yet: its input decoded, its run
+        timeout, child scope and format set (the warm-session check builds its cold replay
+        here too, so the two cannot differ in how they start)."""
         body: Callable[..., Awaitable[Any]] = workflow.fn
         try:
             args, kwargs = functions.decode_arguments(
@@ -131,14 +216,30 @@ class RunSession:
             )
         except errors.SerializationError as exc:  # the run fails with it, on every replay
             args, kwargs, body = [], {}, functions.refusing(exc)
-        self.replay = engine.Replay(
+        run_timeout = runtimeouts.recorded(self.state.input)
+        if run_timeout is not None and self.state.spec_version < 9:
+            # A spec 8 run cannot hold the run timeout's in-band wait: it fails, clearly.
+            body = functions.refusing(errors.FeatureNeedsSpec9("a run timeout", run_id=self.run_id))
+            run_timeout = None
+        replay = engine.Replay(
             run_id=self.run_id,
             workflow_name=self.state.workflow_name,
             workflow=body,
             args=args,
             kwargs=kwargs,
             created_at=self.state.created_at,
+            spec_version=self.state.spec_version,
+            run_timeout=run_timeout,
         )
+        # Child workflows: the workflows registered here, and whether the run may have any.
+        replay.child_scope = ChildScope(frozenset(self.rt.workflows), self.state.spec_version)
+        replay.spec_version = self.state.spec_version  # spec 9 only features refuse
+        return replay
+
+    def start_replay(self, workflow: functions.WorkflowFunction[Any, Any]) -> engine.Replay:
+        if self.replay is not None:
+            self.replay.close()
+        self.replay = self.new_replay(workflow)
         for event in self.loaded:
             self.replay.feed(event)
         return self.replay
@@ -299,6 +400,10 @@ class RunSession:
         return committed, [item.error for item in result.items if item.error is not None]
 
     async def write_terminal(self, event: events.Event) -> None:
+        # The World takes no stream chunk once the run ended: this process's flushes first.
+        await streamflush.wait_pending(self.run_id)
+        if self.replay is not None and self.replay.finished:
+            await hookdrain.write(self)  # seed 003 "Terminal hook disposal"
         with contextlib.suppress(errors.RunExpired):
             await self.write(event)
 
@@ -309,6 +414,8 @@ class RunSession:
             await self.rt.world.events.create(
                 self.run_id, events.RunFailed(error=error), in_band=False
             )
+        if self.state.children.involved:  # child workflows: its parent, its children
+            await children.after_end(self.rt.world, self.run_id)
 
     # -- sending -------------------------------------------------------------------------
 

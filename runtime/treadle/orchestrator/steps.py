@@ -1,35 +1,32 @@
-"""Running step bodies, and the background step's message handler.
+"""The background step's message handler (a body's one attempt: ``stepbody``).
 
-``execute`` runs one attempt of a step body (inline or background) and turns
-what happened into an outcome: completed, retry (with its delay) or failed.
-``handle_step_message`` is the handler of a background step's one message
-(seed 003 "One delivery of a step message"): on every delivery it reads the
-run's record and the step's own events (``events.list_entity``, never the whole
-log: a delivery costs the same in a run of 10,000 events as of 10), writes
-``step_started`` out-of-band (a stale start, refused as ``StaleStepStart``, or a
-lease lost meanwhile, runs no body), runs the body,
-writes the outcome, wakes the orchestrator, and acknowledges, or asks for the
-same message again to retry in place. Under the opt-in
-``WORKFLOW_OPTIMISTIC_BACKGROUND_START`` the body of a plain first delivery starts
-while its ``step_started`` is in flight, and its outcome is discarded unless that
-start committed (``orchestrator.turbo``).
+``execute`` (``treadle.orchestrator.stepbody``, re-exported here) runs one attempt of a
+step body and turns what happened into an outcome. ``handle_step_message`` is the
+handler of a background step's one message (seed 003 "One delivery of a step message"):
+on every delivery it reads the run's record and the step's own events
+(``events.list_entity``, never the whole log: a delivery costs the same in a run of
+10,000 events as of 10), writes ``step_started`` out-of-band (a stale start, refused as
+``StaleStepStart``, or a lease lost meanwhile, runs no body), runs the body, writes the
+outcome, wakes the orchestrator, and acknowledges, or asks for the same message again to
+retry in place. Under the opt-in ``WORKFLOW_OPTIMISTIC_BACKGROUND_START`` the body of a
+plain first delivery starts while its ``step_started`` is in flight, and its outcome is
+discarded unless that start committed (``orchestrator.turbo``).
 
-The log is the only source of truth for a step (security review H2): the
-message names a run and a step (ids and the step's name); the handler runs only
-a step the log created under that id with that name, with the input, retries,
-workflow name and stamps the log holds. A message naming a step the log never
-created, under another name, or carrying an input other than the log's, runs
-nothing, writes nothing, and is acknowledged with a warning naming the run (a
-forged or stale message). So a plain first delivery reads the step's events too,
-unlike the seed's turbo path for steps: two small reads per step message are the
-price. The run's stamps come from its record, which follows a ``run_repinned``.
+The log is the only source of truth for a step (security review H2): the message names a
+run and a step (ids and the step's name); the handler runs only a step the log created
+under that id with that name, with the input, retries, workflow name and stamps the log
+holds. A message naming a step the log never created, under another name, or carrying an
+input other than the log's, runs nothing, writes nothing, and is acknowledged with a
+warning naming the run (a forged or stale message). So a plain first delivery reads the
+step's events too, unlike the seed's turbo path for steps: two small reads per step
+message are the price. The run's stamps come from its record, which follows a
+``run_repinned``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import traceback
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -37,111 +34,22 @@ from typing import Any
 
 from pydantic import JsonValue
 
-from treadle import clock, errors, limits, serde
-from treadle.orchestrator import turbo
+from treadle import clock, errors
+from treadle.orchestrator import limitgate, steptimeouts, streamflush, turbo
 from treadle.orchestrator.runtime import Runtime
-from treadle.sdk import context, functions
-from treadle.telemetry import hooks as telemetry_hooks
+from treadle.orchestrator.stepbody import Outcome, error_info, execute, outcome_event
+from treadle.sdk import functions
 from treadle.world import constants, events, messages, records
 
 log = logging.getLogger("treadle.orchestrator.steps")
+
+__all__ = ["Outcome", "error_info", "execute", "handle_step_message", "outcome_event"]
 
 # Tries of a background step's outcome write on a storage error, and the first backoff.
 WRITE_ATTEMPTS = 3
 WRITE_RETRY_SECONDS = 0.1
 
 NO_ACTIVITY_BEFORE_CAP = timedelta(milliseconds=constants.QUEUE_MIN_STEP_REDELIVERY_SPAN_MS)
-
-
-@dataclass(frozen=True)
-class Outcome:
-    kind: str  # "completed", "retry", "failed"
-    result: JsonValue = None
-    error: events.ErrorInfo | None = None
-    retry_after_seconds: float = 0.0
-
-
-def error_info(exc: BaseException) -> events.ErrorInfo:
-    """What the log records of an exception; text every World can store (``limits.storable``)."""
-    stack = "".join(traceback.format_exception(exc))[-8000:]
-    code = getattr(exc, "code", None)
-    return events.ErrorInfo(
-        message=limits.storable(str(exc) or type(exc).__name__),
-        type=limits.storable(type(exc).__name__),
-        code=limits.storable(code) if isinstance(code, str) else None,
-        stack=limits.storable(stack),
-    )
-
-
-@telemetry_hooks.step_attempt
-async def execute(
-    rt: Runtime,
-    *,
-    run_id: str,
-    workflow_name: str,
-    step_id: str,
-    step_name: str,
-    input: JsonValue,
-    attempt: int,
-    max_retries: int,
-    started_at: datetime,
-) -> Outcome:
-    """Run one attempt of a step body and say what it came to."""
-    fn = rt.steps.get(step_name)
-    if fn is None:
-        return Outcome(
-            "failed",
-            error=events.ErrorInfo(
-                message=f"no step named {step_name!r} is registered in this worker",
-                type="StepNotRegistered",
-            ),
-        )
-    meta = context.StepMetadata(run_id, step_id, step_name, attempt, started_at, workflow_name)
-    token = context.STEP.set(meta)
-    try:
-        args, kwargs = functions.decode_arguments(input, f"step {step_name} input")
-        value: Any = await fn.run_body(args, kwargs)
-        return Outcome("completed", result=serde.encode(value, f"step {step_name} result"))
-    except errors.FatalError as exc:
-        return Outcome("failed", error=error_info(exc))
-    except errors.SerializationError as exc:
-        return Outcome("failed", error=error_info(exc))
-    except Exception as exc:
-        if attempt > max_retries:
-            return Outcome("failed", error=error_info(exc))
-        delay = rt.settings.WORKFLOW_STEP_RETRY_DELAY_SECONDS
-        if isinstance(exc, errors.RetryableError) and exc.retry_after is not None:
-            delay = exc.retry_after
-        log.info(
-            "run %s: step %s attempt %d failed (%s); retrying in %.1f s",
-            run_id,
-            step_name,
-            attempt,
-            exc,
-            delay,
-        )
-        return Outcome("retry", error=error_info(exc), retry_after_seconds=delay)
-    finally:
-        context.STEP.reset(token)
-
-
-def outcome_event(step_id: str, step_name: str, attempt: int, outcome: Outcome) -> events.Event:
-    if outcome.kind == "completed":
-        return events.StepCompleted(
-            correlation_id=step_id, step_name=step_name, result=outcome.result
-        )
-    assert outcome.error is not None
-    if outcome.kind == "retry":
-        return events.StepRetrying(
-            correlation_id=step_id,
-            step_name=step_name,
-            attempt=attempt,
-            error=outcome.error,
-            retry_after=clock.utcnow() + timedelta(seconds=outcome.retry_after_seconds),
-        )
-    return events.StepFailed(
-        correlation_id=step_id, step_name=step_name, attempt=attempt, error=outcome.error
-    )
 
 
 @dataclass
@@ -242,10 +150,13 @@ async def write_outcome_retrying(
 
 async def _write_outcome(
     rt: Runtime, message: messages.StepMessage, attempt: int, outcome: Outcome
-) -> None:
+) -> bool:
     """The attempt's outcome, out-of-band (``write_outcome_retrying``). The World refuses
     a second outcome (StepAlreadyEnded): another delivery's attempt won, and its outcome
-    stands."""
+    stands. It refuses an outcome of an attempt a later start superseded
+    (``StaleStepOutcome``: this body outlived its timeout or lease, and a redelivery runs
+    the next attempt): False, and the caller writes and sends nothing more (the latest
+    attempt's delivery owns the step)."""
     event = outcome_event(message.step_id, message.step_name, attempt, outcome)
     try:
         await write_outcome_retrying(
@@ -265,10 +176,25 @@ async def _write_outcome(
             exc.outcome_slot,
             event.type,
         )
+    except errors.StaleStepOutcome as exc:
+        log.info(
+            "run %s: step %s attempt %d's %s refused: attempt %d started after it "
+            "(this attempt was abandoned); writing nothing more",
+            message.run_id,
+            message.step_name,
+            attempt,
+            event.type,
+            exc.latest_attempt,
+        )
+        return False
+    return True
 
 
 async def _write_start(
-    rt: Runtime, message: messages.StepMessage, start: events.StepStarted
+    rt: Runtime,
+    message: messages.StepMessage,
+    meta: messages.DeliveryMeta,
+    start: events.StepStarted,
 ) -> bool:
     """The attempt's ``step_started``, out-of-band; False when the run or step ended.
 
@@ -277,7 +203,10 @@ async def _write_start(
     ``max_retries=0`` step is failed as exhausted, its body never run (simulation seed
     8). So the handler reads the step's log: a start of this attempt found there is its
     own (the message's delivery is the step's owner), and its body runs; none found,
-    the error stands and the queue redelivers the message, which starts it afresh.
+    the error stands and the queue redelivers the message, which starts it afresh. That
+    read is retried as an outcome write is (``WRITE_ATTEMPTS``, backing off) while the
+    delivery holds its lease: one failed read used to let the redelivery exhaust a
+    ``max_retries=0`` step whose start had landed, its body never run (soak seed 318).
 
     A start whose attempt is not past the step's latest started one is refused as
     ``StaleStepStart`` (allocating nothing) and raised to the caller: a later delivery
@@ -287,10 +216,7 @@ async def _write_start(
         await rt.world.events.create(message.run_id, start, in_band=False)
         return True
     except errors.StorageUnavailable as exc:
-        try:
-            state = await _read_step_log(rt, message.run_id, message.step_id)
-        except errors.StorageUnavailable:
-            raise exc from None
+        state = await _read_back(rt, message, meta, exc)
         if state.run_terminal:
             return False  # the run ended: no body, no wake
         if state.outcome:
@@ -316,6 +242,24 @@ async def _write_start(
         return True
 
 
+async def _read_back(
+    rt: Runtime,
+    message: messages.StepMessage,
+    meta: messages.DeliveryMeta,
+    unknown: errors.StorageUnavailable,
+) -> _StepLog:
+    """The step's log after its start's write had an unknown outcome; the write's error
+    (``unknown``) once the reads fail ``WRITE_ATTEMPTS`` times or the lease is lost."""
+    for tries in range(1, WRITE_ATTEMPTS + 1):
+        try:
+            return await _read_step_log(rt, message.run_id, message.step_id)
+        except errors.StorageUnavailable:
+            if tries == WRITE_ATTEMPTS or meta.lost_lease():
+                raise unknown from None
+        await asyncio.sleep(WRITE_RETRY_SECONDS * 2 ** (tries - 1))
+    raise unknown  # not reached: the last try returns or raises
+
+
 async def _start_refused(
     rt: Runtime,
     message: messages.StepMessage,
@@ -327,7 +271,7 @@ async def _start_refused(
     else the delivery's answer. Any other failure is raised (the queue redelivers)."""
     attempt = start.attempt
     try:
-        if not await _write_start(rt, message, start):
+        if not await _write_start(rt, message, meta, start):
             return messages.ACK  # the run or step ended meanwhile
     except errors.RunExpired:
         return messages.ACK
@@ -460,6 +404,12 @@ async def _handle_step_message(
     now = clock.utcnow()
     if state.last_type == "step_retrying" and state.retry_after and state.retry_after > now:
         return messages.Redeliver((state.retry_after - now).total_seconds())
+    if steptimeouts.has_timeouts(fn) and state.last_type == "step_started":
+        lapse = await steptimeouts.open_attempt_verdict(rt, fn, message, state.last_activity)
+        if lapse is not None:  # its process died or stalled with the attempt open
+            return await steptimeouts.end_open_attempt(
+                rt, message, lapse, attempt=state.starts, max_retries=max_retries
+            )
     attempt = state.starts + 1
     step_input = state.input
     if attempt > max_retries + 1:
@@ -498,6 +448,9 @@ async def _handle_step_message(
         )
         await _wake(rt, message)
         return messages.ACK
+    gated = await limitgate.gate_step(rt, message, step_input)  # issue 17 item 4
+    if gated is not None:
+        return gated
     if message.spec_version < constants.SPEC_VERSION_SINGLE_ORCHESTRATOR:
         return await _single_flight(rt, message, meta, attempt, max_retries, step_input)
     return await _start_and_run(rt, message, meta, attempt, max_retries, step_input)
@@ -561,22 +514,34 @@ async def _start_and_run(
         )
 
     body: asyncio.Task[Outcome] | None = None
+    # An optimistic body's stream chunks wait for its start (``streamflush.behind``).
+    gate: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
     if turbo.optimistic_background_start(rt.settings, message, meta, attempt, max_retries):
-        body = asyncio.get_running_loop().create_task(run_body())
+        body = asyncio.get_running_loop().create_task(streamflush.behind(gate, run_body()))
     try:
         refused = await _start_refused(rt, message, meta, start, max_retries)
     except asyncio.CancelledError:
+        gate.set_result(False)
         if body is not None:
             body.cancel()  # the delivery itself is cancelled (its process stopping)
         raise
     except Exception:
+        gate.set_result(False)
         await turbo.discard_early_body(body, message, attempt)
         raise
+    gate.set_result(refused is None)
     if refused is not None:
         await turbo.discard_early_body(body, message, attempt)
         return refused
     outcome = await (body if body is not None else run_body())
-    await _write_outcome(rt, message, attempt, outcome)
+    read = lambda: _read_step_log(rt, message.run_id, message.step_id)  # noqa: E731
+    if steptimeouts.has_timeouts(rt.steps.get(message.step_name)) and not (
+        await steptimeouts.still_latest(read, message, attempt)
+    ):
+        return messages.ACK  # a stuck attempt's late outcome (docs/timeouts.md)
+    if not await _write_outcome(rt, message, attempt, outcome):
+        return messages.ACK  # refused by the World: a later attempt started meanwhile
+    await limitgate.release_step(rt, message)  # its slot, to the next waiter
     await _wake(rt, message)
     if outcome.kind == "retry":
         return messages.Redeliver(max(outcome.retry_after_seconds, 0.001))

@@ -2,7 +2,7 @@
 
 Seed 003 "Turbo": the start message's first delivery (it carries the run's input,
 ``attempt`` 1, ``delivery_count`` 1, and the run's record shows a pending run with
-nothing after its creation: ``OrchestratorDelivery._turbo_start``) skips the log
+nothing after its creation: ``turbo_start_from_record``) skips the log
 load and queues ``run_started`` on the in-band writer without waiting for it. On
 that delivery no other orchestrator exists yet, so ``OptimisticStarts`` also
 starts an inline step's body before its ``step_started`` commits: at a suspension
@@ -26,10 +26,14 @@ that started settle first; their outcomes are discarded. Such a body ran without
 committed start, so a redelivery runs it again: the one documented cost of
 optimistic starts (docs/turbo.md), counted by the simulation as a residual risk.
 
-treadle has no attribute or stream writes from a step body (``attr_set`` exists in
-the log format only), so no out-of-band write of an early body needs the
-run-ready barrier the seed describes; one added later must wait for
-``run_started`` (``run_ready``).
+A step body's own out-of-band writes (``set_attributes()``: ``orchestrator.attributes``)
+wait on the run-ready barrier the seed describes (``run_ready``): ``deciding`` sets it
+for the delivery, and every body the delivery starts inherits it; a failed
+``run_started`` fails those writes, so nothing of a body lands before ``run_started``.
+An early body's stream chunks (``get_writable``) wait on its start gate, which
+comes True only once its start committed behind ``run_started``, and fail instead
+of writing when it comes False (``orchestrator.streamflush``, docs/streams.md). Any
+other out-of-band write added later must wait the same way (``run_ready``).
 
 The background step's opt-in counterpart, ``WORKFLOW_OPTIMISTIC_BACKGROUND_START``,
 is decided here too (``optimistic_background_start``, ``discard_early_body``) and
@@ -47,9 +51,10 @@ from collections.abc import Awaitable, Sequence
 from typing import Any, TypeVar
 
 from treadle import settings as settings_module
+from treadle.orchestrator import attributes as attribute_writes
 from treadle.orchestrator.logstate import LogState
 from treadle.replay import engine, operations
-from treadle.world import constants, events, messages
+from treadle.world import constants, contract, events, messages
 
 log = logging.getLogger("treadle.orchestrator.turbo")
 
@@ -159,9 +164,7 @@ class OptimisticStarts:
             self.end("a suspension with a hook or a wait")
             return False
         calls = [op for op in new if isinstance(op, operations.StepCall)]
-        return (
-            bool(calls) and len(calls) <= slots and all(call.input_error is None for call in calls)
-        )
+        return bool(calls) and len(calls) <= slots and all(call.may_run_inline for call in calls)
 
     def split(
         self, starts: dict[str, operations.StepCall]
@@ -217,7 +220,9 @@ class OptimisticStarts:
     async def deciding(self, work: Awaitable[T]) -> T:
         """``work``, with a failure surfaced by any write behind a failed turbo
         ``run_started`` replaced by ``run_started``'s own error, which decides the
-        delivery (seed 003 "Failed turbo run_started")."""
+        delivery (seed 003 "Failed turbo run_started"). Bodies started meanwhile see
+        ``run_ready`` as their out-of-band writes' barrier (``attributes.RUN_READY``)."""
+        barrier = attribute_writes.RUN_READY.set(self.run_ready)
         try:
             return await work
         except Exception as exc:
@@ -236,3 +241,39 @@ class OptimisticStarts:
                 cause,
             )
             raise cause from exc
+        finally:
+            attribute_writes.RUN_READY.reset(barrier)
+
+
+async def turbo_start_from_record(
+    world: contract.World, run_id: str, start: messages.RunInput, message_id: str
+) -> messages.RunInput | None:
+    """Turbo's log of one ``run_created``, from the run's record, never from the message
+    (security review H2: a forged start names no run, or another input): the record
+    (one row, not the log) must show a pending run with nothing after its creation, or
+    the delivery loads the log. A start whose ``run_input`` differs from the record is
+    logged and served from the record."""
+    record = await world.runs.get(run_id)
+    if record.status != "pending" or record.snapshot != events.Snapshot(
+        seq=1, seq_in_band=constants.IN_BAND_SEQ_AT_RUN_CREATION
+    ):
+        return None
+    logged = messages.RunInput(
+        workflow_name=record.workflow_name,
+        input=record.input,
+        spec_version=record.spec_version,
+        deployment_id=record.deployment_id,
+        created_at=record.created_at,
+        attributes=dict(record.attributes),
+    )
+    sent = (start.workflow_name, start.input, start.spec_version)
+    if sent != (logged.workflow_name, logged.input, logged.spec_version) or (
+        start.deployment_id not in (None, record.deployment_id)
+    ):
+        log.warning(
+            "run %s: start message %s carries a run_input other than the run's record "
+            "(forged or stale); the record's is used",
+            run_id,
+            message_id,
+        )
+    return logged

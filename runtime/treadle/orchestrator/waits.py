@@ -127,12 +127,15 @@ class WaitArmer:
             self.session.state, now_ms=now_ms(), window_ms=window_ms
         ):
             send = self.timer(wait.wait_id, wait.resume_at, near=True)
-            if send.key is not None and not self.rt.near_due_sent.seen(send.key):
-                sends.append(send)
-        await self.session.send(sends)
-        for send in sends:  # marked only once sent: a failed send is retried by a redelivery
-            assert send.key is not None
-            self.rt.near_due_sent.mark(send.key)
+            if send.key is not None and self.rt.near_due_sent.first_time(send.key):
+                sends.append(send)  # marked before the send: a concurrent delivery skips it
+        try:
+            await self.session.send(sends)
+        except BaseException:
+            for send in sends:  # forgotten again: a redelivery retries a failed send
+                assert send.key is not None
+                self.rt.near_due_sent.forget(send.key)
+            raise
 
 
 def _owner_order(owner: str | None) -> tuple[bool, str]:

@@ -23,17 +23,19 @@ messages of both formats go to ``steps.handle_step_message``.
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import logging
 from collections.abc import Awaitable
 from typing import Literal
 
 from treadle import clock, errors, limits, payloads
-from treadle.orchestrator import pinning, reads, specrouting, steps, timers
+from treadle.orchestrator import limitgate, pinning, reads, specrouting, steps, timers
 from treadle.orchestrator.concurrency import worker_concurrency
 from treadle.orchestrator.delivery import OrchestratorDelivery
 from treadle.orchestrator.runtime import Runtime
 from treadle.orchestrator.spec8 import delivery as spec8_delivery
+from treadle.schedules import loop as schedule_loop
 from treadle.sdk import catalogue
 from treadle.world import constants, contract, messages, records, specversions
 
@@ -65,6 +67,9 @@ class Worker:
         self._consumer: contract.Consumer | None = None
         self._limits = limits.Limits.from_settings(rt.settings)
         self._payload_keys = payloads.KeyRing.from_settings(rt.settings)  # bad keys: at start
+        self._schedules: schedule_loop.FiringLoop | None = None
+        self._limited = limitgate.limited_workflows(rt)
+        self._sweeper: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         _freeze_startup_objects()
@@ -81,11 +86,27 @@ class Worker:
         if self.role in ("all", "steps"):
             handlers["step"] = self.handle
         self._consumer = await self.rt.world.queue.consume(handlers, concurrency=self.concurrency)
+        if self.role in ("all", "orchestrator"):
+            self._schedules = schedule_loop.start_for(self.rt)  # issue 17 item 3
+        if self._limited or any(limitgate.step_limits(self.rt, n).any for n in self.rt.steps):
+            self._sweeper = asyncio.get_running_loop().create_task(limitgate.sweeper(self.rt))
+
+    def schedules_changed(self) -> None:
+        """Wake this worker's schedules firing loop (a schedule changed in this process)."""
+        if self._schedules is not None:
+            self._schedules.wake()
 
     async def stop(self, *, grace_seconds: float = 30.0) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
+        if self._schedules is not None:
+            firing_loop, self._schedules = self._schedules, None
+            await firing_loop.stop()
         if self._consumer is not None:
             consumer, self._consumer = self._consumer, None
             await consumer.close(grace_seconds=grace_seconds)
+        self.rt.warm.clear()  # the kept replays' coroutines closed now, not at collection
 
     async def handle(
         self,
@@ -99,6 +120,19 @@ class Worker:
             if message.spec_version not in constants.SUPPORTED_SPEC_VERSIONS:
                 return self._unknown_format(message)
             return await steps.handle_step_message(self.rt, message, meta)
+        if not self._limited:
+            return await self._orchestrate(message, meta)
+        limited, answer = await limitgate.gate_run(self.rt, message)  # issue 17 item 4
+        if answer is not None:
+            return answer
+        result = await self._orchestrate(message, meta)
+        if limited and isinstance(result, messages.Ack):
+            await limitgate.after_run(self.rt, message.run_id)
+        return result
+
+    async def _orchestrate(
+        self, message: messages.OrchestratorMessage, meta: messages.DeliveryMeta
+    ) -> messages.HandlerResult:
         if await self.family(message) is specversions.Family.SPEC8:
             if message.deployment_id not in (None, self.rt.deployment_id):
                 return await self._misrouted(message, meta, specversions.Family.SPEC8)

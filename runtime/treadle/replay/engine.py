@@ -32,9 +32,9 @@ from typing import Any
 from pydantic import JsonValue
 
 from treadle import errors, hooktokens, serde
-from treadle.replay import operations
+from treadle.replay import children, operations
 from treadle.replay.loop import DurableTimer, WorkflowLoop
-from treadle.world import events, ids
+from treadle.world import constants, events, ids
 
 log = logging.getLogger("treadle.replay")
 
@@ -92,6 +92,10 @@ class _Recorded:
     slot: int
 
     def describe(self) -> str:
+        if self.kind == "attr":
+            return f"attribute {self.name!r}"
+        if self.kind == "child":
+            return f"child workflow {self.name}"
         return (
             f"step {self.name}"
             if self.kind == "step"
@@ -104,6 +108,10 @@ def _name(op: operations.Operation) -> str:
         return op.step_name
     if isinstance(op, operations.HookWait):
         return op.token
+    if isinstance(op, operations.AttrWrite):
+        return op.key
+    if isinstance(op, operations.ChildCall):
+        return op.workflow_name
     return ""
 
 
@@ -130,6 +138,10 @@ def _creation(event: events.Event) -> tuple[operations.Kind, str] | None:
             return "hook", token
         case events.HookConflict(token=token, position=p) if p is not None:
             return "hook", token
+        case events.AttrSet(key=key, position=p) if p is not None:
+            return "attr", key
+        case events.ChildCreated(workflow_name=name, position=p) if p is not None:
+            return "child", name
     return None
 
 
@@ -145,9 +157,16 @@ class Replay:
         args: list[Any],
         kwargs: dict[str, Any],
         created_at: datetime | None = None,
+        spec_version: int | None = None,
+        run_timeout: float | None = None,
     ) -> None:
         self.run_id = run_id
+        self.spec_version = spec_version
+        # set_attributes() calls not yet in the log, by correlation id, in call order.
+        self.pending_attributes: dict[str, operations.AttrWrite] = {}
         self.workflow_name = workflow_name
+        self.spec_version = 9  # set by a spec 8 delivery (spec 9 only features refuse)
+        self.finished = False  # the workflow returned or raised (advance said so)
         # The id's time, or for a keyed run id the recorded run_created time.
         self.started_at = ids.clock_origin(run_id, created_at)
         self.loop = WorkflowLoop(self._new_timer, now=self.started_at.timestamp())  # type: ignore[abstract]
@@ -167,7 +186,14 @@ class Replay:
         self._ops_by_position: dict[int, operations.Operation] = {}
         self.closed = False
         self._new: dict[str, operations.Operation] = {}
+        # Set by the orchestrator: what children this replay may start (None: none).
+        self.child_scope: operations.ChildScope | None = None
         self._dispose_requested: list[operations.HookWait] = []
+        # The run timeout (``treadle.runtimeouts``): a wait at position -1, set when reached.
+        self.timed_out: errors.RunTimedOut | None = None
+        self._deadline: operations.RunDeadline | None = None
+        if run_timeout is not None:
+            self._arm_deadline(run_timeout)
         context = contextvars.copy_context()
         context.run(CURRENT.set, self)
         self.main: asyncio.Task[Any] = self.loop.create_task(
@@ -207,7 +233,7 @@ class Replay:
                 if reached is not None and (reached.kind, _name(reached)) != creation:
                     # Another writer recorded something else where the code already is.
                     self.divergence = Diverged(position, recorded.describe(), reached.describe())
-            op = self._new.pop(cid, None)
+            op = self._new.pop(cid, None) or self.pending_attributes.pop(cid, None)
             if op is not None:
                 op.recorded = True
             if isinstance(event.event, events.HookConflict):
@@ -227,8 +253,25 @@ class Replay:
     def walk_exhausted(self) -> bool:
         return self._walked >= len(self._fed)
 
+    @property
+    def at_rest(self) -> bool:
+        """Suspended (the loop idle) with every operation it reached recorded, neither
+        diverged nor ended: what a warm session may keep and continue later with more
+        events (``orchestrator.warm``). Events fed and not walked yet are walked by the
+        next ``advance`` exactly as a fresh replay of the same log would walk them."""
+        return (
+            not self.closed
+            and self.divergence is None
+            and self.ended is None
+            and not self.main.done()
+            and self.loop.idle
+            and not any(not op.cancelled for op in self._new.values())
+        )
+
     def _walk_one(self) -> None:
         logged = self._fed[self._walked]
+        if self._past_deadline(logged):
+            return  # not consumed: the run timed out first (``advance`` answers Failed)
         self._walked += 1
         self.loop.set_time(logged.created_at.timestamp())
         event = logged.event
@@ -236,16 +279,22 @@ class Replay:
             self.ended = event.type
             return
         cid = event.correlation_id
-        if cid is None or not isinstance(
-            event,
-            events.StepCompleted
-            | events.StepFailed
-            | events.WaitCompleted
-            | events.HookReceived
-            | events.HookConflict,
+        forced = isinstance(event, events.HookDisposed) and event.force_claimed_by is not None
+        if cid is None or not (
+            forced
+            or isinstance(
+                event,
+                events.StepCompleted
+                | events.StepFailed
+                | events.WaitCompleted
+                | events.HookReceived
+                | events.HookConflict
+                | events.ChildCompleted
+                | events.ChildFailed,
+            )
         ):
             return
-        if isinstance(event, events.HookReceived | events.HookConflict):
+        if forced or isinstance(event, events.HookReceived | events.HookConflict):
             if cid in self._outcomes:
                 return  # a hook resolves once
         elif cid in self._outcomes:
@@ -256,6 +305,10 @@ class Replay:
             self._resolve(op, event)
 
     def _resolve(self, op: operations.Operation, event: events.Event) -> None:
+        if isinstance(op, operations.RunDeadline):
+            if isinstance(event, events.WaitCompleted):
+                self.timed_out = errors.RunTimedOut(self.run_id, seconds=op.seconds)
+            return
         if isinstance(op, operations.StepCall):
             if op.future.done():
                 return
@@ -273,12 +326,19 @@ class Replay:
         elif isinstance(op, operations.Sleep):
             if isinstance(event, events.WaitCompleted) and op.timer is not None:
                 op.timer.fire()
+        elif isinstance(op, operations.ChildCall):
+            children.resolve(op, event)
         elif isinstance(op, operations.HookWait) and not op.future.done():
             if isinstance(event, events.HookReceived):
                 _settle(op.future, event.payload, f"hook {op.token!r} payload")
             elif isinstance(event, events.HookConflict):
                 op.future.set_exception(
                     errors.HookConflictError(op.token, holder_run_id=event.holder_run_id)
+                )
+            elif isinstance(event, events.HookDisposed) and event.force_claimed_by:
+                # Another run force-claimed the token (seed 003 "Force-claim").
+                op.future.set_exception(
+                    errors.HookForceClaimedError(op.token, claimed_by=event.force_claimed_by)
                 )
 
     # -- driving ---------------------------------------------------------------
@@ -291,10 +351,13 @@ class Replay:
                 return self.divergence
             if self.ended is not None:
                 return Ended(self.ended)
+            if self.timed_out is not None:
+                return Failed(self.timed_out)
             if self.main.done():
                 unreached = self._unreached()
                 if unreached is not None:
                     return unreached
+                self.finished = True
                 if self.main.cancelled():
                     return Failed(asyncio.CancelledError("the workflow was cancelled"))
                 exc = self.main.exception()
@@ -406,6 +469,7 @@ class Replay:
         *,
         max_retries: int,
         input_error: str | None = None,
+        background: bool = False,
     ) -> asyncio.Future[Any]:
         position, cid = self._take_position("step")
         op = operations.StepCall(
@@ -416,6 +480,7 @@ class Replay:
             max_retries=max_retries,
             input_error=input_error,
             future=self.loop.create_future(),
+            background=background,
         )
         self._register(op, step_name)
         return op.future
@@ -425,6 +490,28 @@ class Replay:
         resume_at = datetime.fromtimestamp(when, tz=UTC)
         op = operations.Sleep(position, cid, resume_at=resume_at, timer=handle)
         handle.on_cancel = lambda: self._cancel(op)
+        self._register(op, "")
+
+    def _past_deadline(self, logged: events.LoggedEvent) -> bool:
+        """The run timeout reached by time: an event stored at or after the deadline is
+        walked only after it, so a run never goes on past its deadline even when the
+        deadline's own ``wait_completed`` comes late (a delayed timer), on every replay
+        (the times are the log's). A terminal event still ends the walk as it is."""
+        deadline = self._deadline
+        if deadline is None or self.timed_out is not None:
+            return False
+        if logged.created_at < deadline.resume_at or logged.type in events.RUN_TERMINAL_TYPES:
+            return False
+        self.timed_out = errors.RunTimedOut(self.run_id, seconds=deadline.seconds)
+        return True
+
+    def _arm_deadline(self, seconds: float) -> None:
+        """The run timeout as a wait at position -1: outside the code's positions, so
+        adding it shifts nothing, and the same on every replay (its value is the log's)."""
+        cid = operations.correlation_id("wait", self.run_id, -1)
+        resume_at = datetime.fromtimestamp(self.started_at.timestamp() + seconds, tz=UTC)
+        op = operations.RunDeadline(-1, cid, resume_at=resume_at, seconds=seconds)
+        self._deadline = op
         self._register(op, "")
 
     def _cancel(self, op: operations.Operation) -> None:
@@ -463,6 +550,79 @@ class Replay:
         event = self._fed[recorded.slot - 1].event
         return event.metadata if isinstance(event, events.HookCreated) else None
 
+    def set_attributes(self, values: dict[str, JsonValue]) -> None:
+        """``set_attributes()`` in workflow code: a position per key, in the mapping's
+        order. A key the log records at its position is replayed (never written again;
+        the log's value stands); a new one waits in ``pending_attributes`` for the
+        orchestrator's in-band write. A spec 8 run refuses it (``AttributesNeedSpec9``)."""
+        if (
+            self.spec_version is not None
+            and self.spec_version < constants.SPEC_VERSION_SINGLE_ORCHESTRATOR
+        ):
+            raise errors.AttributesNeedSpec9(self.run_id, self.spec_version)
+        for key, value in values.items():
+            position, cid = self._take_position("attr")
+            op = operations.AttrWrite(position, cid, key=key, value=value)
+            recorded = self._recorded.get(position)
+            if recorded is not None:
+                if recorded.kind != "attr" or recorded.name != key:
+                    self.divergence = Diverged(position, recorded.describe(), op.describe())
+                    raise _Divergence()
+                op.correlation_id = recorded.correlation_id
+                op.recorded = True
+            else:
+                self.pending_attributes[cid] = op
+            self._ops_by_position[position] = op
+
+    def terminal_hooks(self) -> Suspended:
+        """At the run's end: the hooks created in the last pass and the disposals asked for
+        and not written (``orchestrator.hookdrain`` picks what the terminal drain writes)."""
+        new = [
+            op
+            for op in self._new.values()
+            if isinstance(op, operations.HookWait) and not op.cancelled
+        ]
+        dispose = [
+            op
+            for op in self._dispose_requested
+            if op.recorded
+            and op.correlation_id not in self._disposed
+            and not op.disposed
+            and not op.conflicted
+        ]
+        return Suspended(new=sorted(new, key=lambda op: op.position), dispose=dispose)
+
     def dispose_hook(self, op: operations.HookWait) -> None:
         op.dispose_requested = True
         self._dispose_requested.append(op)
+
+    def call_child(
+        self,
+        workflow_name: str,
+        input: JsonValue,
+        *,
+        on_parent_close: events.OnParentClose,
+        start_on_latest: bool,
+    ) -> operations.ChildCall:
+        """A child run at the next position (``treadle.replay.children``); an unknown
+        workflow or a spec 8 run is refused here, before a position is taken."""
+        children.check_call(self, workflow_name)
+        position, cid = self._take_position("child")
+        op = operations.ChildCall(
+            position,
+            cid,
+            workflow_name=workflow_name,
+            input=input,
+            child_run_id=children.child_run_id(self.run_id, cid),
+            on_parent_close=on_parent_close,
+            start_on_latest=start_on_latest,
+            future=self.loop.create_future(),
+        )
+        self._register(op, workflow_name)
+        return op
+
+    def unwritten_children(self) -> list[operations.ChildCall]:
+        """Child calls the workflow made that the log does not hold yet, in call order
+        (the orchestrator writes them before a run's end: ``orchestrator.children``)."""
+        calls = [op for op in self._new.values() if isinstance(op, operations.ChildCall)]
+        return sorted(calls, key=lambda op: op.position)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal, TypeAlias
@@ -20,7 +21,7 @@ from pydantic import JsonValue
 
 from treadle.replay.loop import DurableTimer
 
-Kind: TypeAlias = Literal["step", "wait", "hook"]
+Kind: TypeAlias = Literal["step", "wait", "hook", "attr", "child"]
 
 
 def correlation_id(kind: Kind, run_id: str, position: int) -> str:
@@ -52,6 +53,12 @@ class StepCall(Operation):
     # Set when the arguments could not be serialized: the step is created failed.
     input_error: str | None = None
     future: asyncio.Future[Any] = field(default_factory=lambda: _unbound())
+    # A step with a concurrency or rate limit runs only from its own message (limitgate).
+    background: bool = False
+
+    @property
+    def may_run_inline(self) -> bool:
+        return self.input_error is None and not self.background
 
     @property
     def kind(self) -> Kind:
@@ -75,6 +82,17 @@ class Sleep(Operation):
 
 
 @dataclass(eq=False)
+class RunDeadline(Sleep):
+    """The run timeout's durable wait, at position -1 (``treadle.runtimeouts``): its
+    ``wait_completed``, where the walk reaches it, fails the run with ``RunTimedOut``."""
+
+    seconds: float = 0.0
+
+    def describe(self) -> str:
+        return f"the run timeout at {self.resume_at.isoformat()}"
+
+
+@dataclass(eq=False)
 class HookWait(Operation):
     token: str = ""
     metadata: JsonValue = None
@@ -84,6 +102,9 @@ class HookWait(Operation):
     conflicted: bool = False
     dispose_requested: bool = False
     disposed: bool = False
+    # Force-claim and token retention (issue 17 item 8; ``sdk.hooks.create_hook``).
+    force: bool = False
+    token_retention_until: datetime | None = None
 
     @property
     def kind(self) -> Kind:
@@ -91,6 +112,54 @@ class HookWait(Operation):
 
     def describe(self) -> str:
         return f"hook {self.token!r}"
+
+
+@dataclass(eq=False)
+class AttrWrite(Operation):
+    """``set_attributes()`` in workflow code: one key's ``attr_set`` (issue 17 item 2).
+
+    Never awaited and never in ``Suspended.new``: the orchestrator writes the replay's
+    ``pending_attributes`` in-band before it acts on the pass (``orchestrator.attributes``).
+    """
+
+    key: str = ""
+    value: JsonValue = None
+
+    @property
+    def kind(self) -> Kind:
+        return "attr"
+
+    def describe(self) -> str:
+        return f"attribute {self.key!r}"
+
+
+# -- child workflows (docs/children.md) ----------------------------------------------
+
+
+@dataclass(frozen=True)
+class ChildScope:
+    """What a replay may start children of: the workflows registered where it runs, and
+    the run's format (children need spec 9)."""
+
+    workflows: Collection[str]
+    spec_version: int
+
+
+@dataclass(eq=False)
+class ChildCall(Operation):
+    workflow_name: str = ""
+    input: JsonValue = None
+    child_run_id: str = ""
+    on_parent_close: Literal["cancel", "abandon"] = "cancel"
+    start_on_latest: bool = False
+    future: asyncio.Future[Any] = field(default_factory=lambda: _unbound())
+
+    @property
+    def kind(self) -> Kind:
+        return "child"
+
+    def describe(self) -> str:
+        return f"child workflow {self.workflow_name}"
 
 
 def _unbound() -> Any:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextvars
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from treadle import errors
 from treadle.replay import engine
@@ -23,6 +24,9 @@ class StepMetadata:
     attempt: int
     started_at: datetime
     workflow_name: str
+    # The details of the last heartbeat an earlier attempt stored (``step_heartbeat``;
+    # steps with a ``heartbeat_timeout``), or None.
+    heartbeat_details: Any = None
 
 
 @dataclass(frozen=True)

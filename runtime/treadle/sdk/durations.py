@@ -51,3 +51,11 @@ def to_seconds(value: Duration, *, what: str = "duration") -> float:
     if not math.isfinite(seconds) or seconds < 0:
         raise ValueError(f"{what} must be a finite, non-negative duration, got {value!r}")
     return seconds
+
+
+def positive_seconds(value: Duration, *, what: str) -> float:
+    """``to_seconds`` for a timeout: zero, negative or unparsable is a clear ValueError."""
+    seconds = to_seconds(value, what=what)
+    if seconds <= 0:
+        raise ValueError(f"{what} must be a positive duration, got {value!r}")
+    return seconds

@@ -12,7 +12,8 @@ makes a resume carry ``treadle.hook_signature(token, key)`` (``treadle.hooktoken
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Self
+from datetime import UTC, datetime, timedelta
+from typing import Any, Final, Self
 
 from pydantic import BaseModel, JsonValue
 
@@ -21,6 +22,8 @@ from treadle.replay import operations
 from treadle.sdk import context
 from treadle.sdk.durations import Duration, to_seconds
 from treadle.serde_registry import register_annotations
+
+MAX_TOKEN_RETENTION_SECONDS: Final = 366 * 86_400
 
 
 class HookHandle:
@@ -60,7 +63,12 @@ class HookHandle:
 
 
 def create_hook(
-    token: str | None = None, *, metadata: JsonValue = None, require_signature: bool = False
+    token: str | None = None,
+    *,
+    metadata: JsonValue = None,
+    require_signature: bool = False,
+    force: bool = False,
+    retain_token_for: Duration | None = None,
 ) -> HookHandle:
     """Create a hook in workflow code.
 
@@ -70,17 +78,43 @@ def create_hook(
     a public endpoint resumes hooks; mint it, or ask for a signature.
     ``require_signature=True``: ``resume_hook`` must carry
     ``treadle.hook_signature(token, key)`` with the app's ``TREADLE_HOOK_KEY``.
+
+    ``force=True`` takes ``token`` from another run holding it (docs/hooks.md): that
+    run's await of its hook raises ``HookForceClaimedError``. ``retain_token_for``
+    (a duration) keeps the token reserved for that long after this run ends, so a
+    late ``resume_hook`` hears ``HookRunEnded`` instead of reaching a new holder;
+    ``dispose()`` releases it early. Both need a spec 9 run.
     """
     if token is not None:
         limits.check_hook_token(token)
+    if force and token is None:
+        raise ValueError("create_hook(force=True) needs a token: a minted token is never held")
+    if not isinstance(force, bool):
+        raise ValueError(f"create_hook(force=...) must be a bool, not {type(force).__name__}")
+    retain = None
+    if retain_token_for is not None:
+        retain = to_seconds(retain_token_for, what="create_hook(retain_token_for=...)")
+        if not 0 < retain <= MAX_TOKEN_RETENTION_SECONDS:
+            raise ValueError(
+                f"create_hook(retain_token_for=...) must be more than 0 and at most 366 days, "
+                f"got {retain_token_for!r}"
+            )
     if metadata is not None:
         limits.check_value(metadata, "hook metadata")
     replay = context.require_replay("create_hook()")
+    spec = replay.spec_version
+    if (force or retain is not None) and spec is not None and spec < 9:
+        feature = "hook force-claim" if force else "hook token retention"
+        raise errors.FeatureNeedsSpec9(feature, run_id=replay.run_id, spec_version=spec)
     op = replay.create_hook(
         token,
         hooktokens.wrap_metadata(metadata, require_signature),
         namespace=limits.active().hook_token_namespace,
     )
+    op.force = force
+    if retain is not None:
+        now = datetime.fromtimestamp(replay.loop.time(), tz=UTC)
+        op.token_retention_until = now + timedelta(seconds=retain)
     return HookHandle(op, token)
 
 

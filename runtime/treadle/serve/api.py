@@ -17,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from treadle.serve import actions, openapi, runsapi, stream
+from treadle.serve import actions, openapi, runsapi, stream, streamsapi
 from treadle.serve.context import ServeContext
 
 Handler = Callable[[ServeContext, Request], Awaitable[Any]]
@@ -34,6 +34,8 @@ HANDLERS: dict[str, Handler] = {
     "listDeployments": runsapi.list_deployments,
     "streamRun": stream.run_stream,
     "streamRuns": stream.list_stream,
+    "listRunStreams": streamsapi.list_streams,  # issue 17 item 6
+    "streamRunChunks": streamsapi.stream_chunks,
 }
 # Served by app.py (health) or here without a handler of the table (the document).
 ELSEWHERE = frozenset({"health"})

@@ -8,7 +8,8 @@
   ``TREADLE_SERVE_TRUSTED_FULL_USERS`` (or that is ``*``). Only safe behind a proxy
   that sets the header itself and strips it from what clients send.
 - ``?access_token=<token>`` is read on the stream routes only (``/api/stream``,
-  ``/api/runs/{run_id}/stream``: an EventSource cannot send headers); anywhere else
+  ``/api/runs/{run_id}/stream``, ``/api/runs/{run_id}/streams/{name}``: an
+  EventSource cannot send headers); anywhere else
   it is refused (401), so tokens do not end up in ordinary URLs and access logs.
 - Public, without credentials: ``/healthz``, the webhooks (``/hooks/...``: their
   token and signature are their auth), the page's static shell (``/``, ``/runs/...``,
@@ -45,7 +46,8 @@ SAFE_METHODS = frozenset({"GET", "HEAD"})
 PUBLIC_PATHS: frozenset[str] = frozenset({"/healthz", "/", "/favicon.ico"})
 PUBLIC_PREFIXES: tuple[str, ...] = ("/hooks/", "/static/", "/runs/")
 METRICS_PATH = "/metrics"
-STREAM_PATH = re.compile(r"/api/(?:runs/[^/]+/)?stream")
+# Issue 17 item 6: a run stream's chunks (/api/runs/{run_id}/streams/{name}) too.
+STREAM_PATH = re.compile(r"/api/(?:runs/[^/]+/)?stream|/api/runs/[^/]+/streams/[^/]+")
 CHALLENGE = {"WWW-Authenticate": 'Bearer realm="treadle"'}
 
 

@@ -41,6 +41,20 @@ class RunError(_Out):
     stack: str | None = None
 
 
+class LimitWait(_Out):
+    """The concurrency or rate limit a run (or one of its steps) waits on (issue 17 item 4)."""
+
+    limit: Literal["concurrency", "rate"]
+    scope: str = Field(description="workflow:<name> or step:<name>.")
+    key: str
+    holder: str = Field(description="The run id, or <run id>/<step id> for a step.")
+    priority: int = 0
+    position: int | None = Field(default=None, description="1-based among the key's waiters.")
+    since: datetime | None = None
+    until: datetime | None = Field(default=None, description="A rate's reserved start.")
+    text: str
+
+
 class RunSummary(_Out):
     run_id: str
     workflow: str
@@ -54,6 +68,10 @@ class RunSummary(_Out):
     duration_ms: int | None = Field(
         default=None, description="From start (or creation) to end; null while it runs."
     )
+    attributes: dict[str, JsonValue] = Field(
+        default_factory=dict, description="The run's attributes (docs/attributes.md)."
+    )
+    waiting_on_limit: LimitWait | None = None
 
 
 class RunList(_Out):
@@ -77,6 +95,19 @@ class WaitingOn(_Out):
     )
 
 
+class ChildOut(_Out):
+    """A child workflow run of this run (docs/children.md)."""
+
+    run_id: str
+    workflow: str
+    correlation_id: str
+    on_parent_close: str
+    status: str = Field(description="The child's status; 'not created' before it exists.")
+    outcome: str | None = Field(
+        default=None, description="completed/failed/cancelled once reported to the parent."
+    )
+
+
 class RunDetail(RunSummary):
     input: JsonValue = None
     output: JsonValue = None
@@ -84,6 +115,10 @@ class RunDetail(RunSummary):
     attributes: dict[str, JsonValue] = Field(default_factory=dict)
     event_count: int
     waiting_on: list[WaitingOn]
+    # Child workflows: this run's parent (a child run) and its children.
+    parent_run_id: str | None = None
+    parent_correlation_id: str | None = None
+    children: list[ChildOut] = Field(default_factory=list)
 
 
 class EventOut(_Out):
@@ -226,6 +261,13 @@ class RunsQuery(_In):
     )
     limit: int = Field(default=50, ge=1, le=500)
     cursor: str | None = Field(default=None, min_length=1, max_length=2000)
+    attributes: str | None = Field(
+        default=None,
+        min_length=2,
+        max_length=4000,
+        description="Only runs with these attributes: a JSON object of scalars, ANDed "
+        '(`{"tier": "gold", "region": "eu"}`; docs/attributes.md).',
+    )
 
 
 class EventsQuery(_In):

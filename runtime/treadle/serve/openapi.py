@@ -16,7 +16,7 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from treadle import __version__
-from treadle.serve import models
+from treadle.serve import models, streamsapi
 
 REF = "#/components/schemas/{model}"
 ERROR_ANSWERS = {
@@ -97,6 +97,16 @@ OPERATIONS: tuple[Operation, ...] = (
         "GET", "/api/stream", "streamRuns",
         "Server-sent events: some run changed (data: StreamEvent; event: resync)",
         models.StreamEvent, stream=True,
+    ),
+    # Issue 17 item 6: streams (serve/streamsapi.py, docs/streams.md).
+    Operation(
+        "GET", "/api/runs/{run_id}/streams", "listRunStreams",
+        "The run's streams: name, chunk count, closed", streamsapi.StreamList, path_params=RUN,
+    ),
+    Operation(
+        "GET", "/api/runs/{run_id}/streams/{name}", "streamRunChunks",
+        "Server-sent events: the stream's chunks, live (id: index; event: end)", None,
+        query=streamsapi.StreamChunksQuery, path_params=("run_id", "name"), stream=True,
     ),
     Operation(
         "GET", "/api/openapi.json", "openapi", "This document", None, tags=("meta",),

@@ -17,11 +17,13 @@ import json
 import re
 from dataclasses import dataclass
 
+from pydantic import JsonValue
 from starlette.requests import Request
 
-from treadle import errors
+from treadle import childtree, errors, limitview
 from treadle.serve import auth, http, models, views
 from treadle.serve.context import ServeContext
+from treadle.world import attributes as run_attributes
 from treadle.world import events, ids, records
 
 SCAN_PAGE = 100
@@ -96,7 +98,27 @@ def _fits(run: records.RunRecord, query: models.RunsQuery) -> bool:
         (query.status is None or run.status == query.status)
         and (query.workflow is None or run.workflow_name == query.workflow)
         and (query.deployment is None or run.deployment_id == query.deployment)
+        and run_attributes.matches(run.attributes, _attribute_filter(query))
     )
+
+
+def _attribute_filter(query: models.RunsQuery) -> dict[str, JsonValue] | None:
+    """``attributes=`` as a checked filter; 422 naming what is wrong (issue 17 item 2)."""
+    if query.attributes is None:
+        return None
+    try:
+        data = json.loads(query.attributes)
+    except ValueError:
+        data = None
+    if not isinstance(data, dict):
+        raise errors.RequestRefused(
+            422, "invalid_field", 'query.attributes: a JSON object, e.g. {"tier": "gold"}'
+        )
+    try:
+        return run_attributes.check_filter(data)
+    except errors.WorldContractError as exc:
+        reason = str(exc).removeprefix("runs.list attribute filter")
+        raise errors.RequestRefused(422, "invalid_field", f"query.attributes{reason}") from None
 
 
 async def _page(
@@ -109,6 +131,7 @@ async def _page(
             deployment_id=query.deployment,
             limit=limit,
             cursor=cursor,
+            attributes=_attribute_filter(query),
         )
     except errors.WorldContractError:
         if cursor is None:
@@ -159,14 +182,17 @@ async def list_runs(ctx: ServeContext, request: Request) -> models.RunList:
             422, "invalid_field", "query.cursor: a search's cursor; send it with its q="
         )
     page = await _page(ctx, query, query.limit, query.cursor)
-    return models.RunList(runs=[views.summary(r) for r in page.runs], next_cursor=page.next_cursor)
+    runs = await limitview.annotate(ctx.world, page.runs)  # what each waits on, if a limit
+    return models.RunList(runs=[views.summary(r) for r in runs], next_cursor=page.next_cursor)
 
 
 async def get_run(ctx: ServeContext, request: Request) -> models.RunDetail:
     run_id = check_run_id(request.path_params["run_id"])
-    run = await ctx.world.runs.get(run_id)
-    log = [] if run.is_terminal else await read_log(ctx, run_id)
-    return views.detail(run, log, show_tokens=shows_tokens(request), keys=ctx.client.payload_keys)
+    (run,) = await limitview.annotate(ctx.world, [await ctx.world.runs.get(run_id)])
+    log = await read_log(ctx, run_id)  # whole: its children are in it (child workflows)
+    detail = views.detail(run, log, show_tokens=shows_tokens(request), keys=ctx.client.payload_keys)
+    family = await childtree.tree(ctx.world, run, log)
+    return detail.model_copy(update=views.tree_fields(family))
 
 
 async def run_events(ctx: ServeContext, request: Request) -> models.EventList:

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from treadle import payloads
+from treadle import childtree, limitview, payloads
 from treadle.serve import models
 from treadle.world import events, records
 
@@ -48,6 +48,8 @@ def summary(run: records.RunRecord) -> models.RunSummary:
         ended_at=ended,
         updated_at=run.updated_at,
         duration_ms=_ms(run.started_at or run.created_at, ended),
+        attributes=dict(run.attributes),
+        waiting_on_limit=limitview.waiting_dict(run.waiting_on_limit),
     )
 
 
@@ -67,7 +69,7 @@ def detail(
     keys: payloads.KeyRing | None,
 ) -> models.RunDetail:
     return models.RunDetail(
-        **summary(run).model_dump(),
+        **summary(run).model_dump(exclude={"attributes"}),
         input=payloads.display(run.input, keys),
         output=payloads.display(run.output, keys),
         error=_error(run.error),
@@ -75,6 +77,15 @@ def detail(
         event_count=run.seq,
         waiting_on=[] if run.is_terminal else waiting_on(log, show_tokens=show_tokens),
     )
+
+
+def tree_fields(family: childtree.RunTree) -> dict[str, Any]:
+    """The run detail's child-workflow fields: its parent link, its children."""
+    return {
+        "parent_run_id": family.parent_run_id,
+        "parent_correlation_id": family.parent_correlation_id,
+        "children": [models.ChildOut(**c.as_dict()) for c in family.children],
+    }
 
 
 def event_out(

@@ -254,6 +254,8 @@ class TracedRuns:
         spec_version: int,
         run_id: str | None = None,
         attributes: Mapping[str, JsonValue] | None = None,
+        parent_run_id: str | None = None,
+        parent_correlation_id: str | None = None,
     ) -> records.RunRecord:
         attrs = {
             names.RUN_ID: run_id,
@@ -269,6 +271,8 @@ class TracedRuns:
                 spec_version=spec_version,
                 run_id=run_id,
                 attributes=attributes,
+                parent_run_id=parent_run_id,
+                parent_correlation_id=parent_correlation_id,
             )
 
     async def get(self, run_id: str) -> records.RunRecord:
@@ -282,6 +286,7 @@ class TracedRuns:
         deployment_id: str | None = None,
         limit: int = 100,
         cursor: str | None = None,
+        attributes: Mapping[str, JsonValue] | None = None,
     ) -> records.RunPage:
         return await self.inner.list(
             status=status,
@@ -289,6 +294,7 @@ class TracedRuns:
             deployment_id=deployment_id,
             limit=limit,
             cursor=cursor,
+            attributes=attributes,
         )
 
     async def count(

@@ -15,9 +15,10 @@ Storage rules (DESIGN.md 3.1, seed 003 "Implementing spec 9 in a World"):
   ``event_count + 1 .. own_slot - 1`` (``has_more`` when cut short).
 - An in-band write's ``occurred_at`` is stored as the event's ``created_at``.
 - Refusals (``RunExpired``, ``StepAlreadyEnded``, ``StaleStepStart``,
-  ``WaitAlreadyCompleted``, ``EntityAlreadyCreated``, ``HookNotFound``) allocate
-  nothing. A terminal run refuses new work (``events.REFUSED_ON_TERMINAL_RUN``) and
-  keeps accepting a step's first outcome and a wait's first completion.
+  ``StaleStepOutcome``, ``WaitAlreadyCompleted``, ``EntityAlreadyCreated``,
+  ``HookNotFound``) allocate nothing. A terminal run refuses new work
+  (``events.REFUSED_ON_TERMINAL_RUN``) and keeps accepting a step's first outcome
+  and a wait's first completion.
 - One outcome per step, one completion per wait (DESIGN.md 10): a
   ``step_started``, ``step_completed`` or ``step_failed`` for a step that has
   its outcome raises ``StepAlreadyEnded``; a second ``wait_completed`` raises
@@ -29,6 +30,14 @@ Storage rules (DESIGN.md 3.1, seed 003 "Implementing spec 9 in a World"):
   ``StaleStepStart`` (with ``attempt`` and ``latest_attempt``), in-band or
   out-of-band. A delivery whose start write stalled past its lease therefore
   cannot start an attempt its redeliveries already ran (simulation seed 522).
+- An outcome only from the latest started attempt
+  (``storagerules.check_outcome_attempt``): a ``step_completed``, ``step_failed`` or
+  ``step_retrying`` naming an ``attempt`` other than the step's highest started one
+  raises ``StaleStepOutcome`` (with ``attempt`` and ``latest_attempt``), in-band or
+  out-of-band, after the one-outcome check; a step no attempt started takes any, and a
+  ``step_completed`` naming no attempt (an earlier release's writer) is not checked.
+  A body that outlived its timeout or lease therefore cannot land its outcome once the
+  next attempt started, however late it writes (docs/timeouts.md).
 - One creation per entity (issue 12 item 2; ``storagerules.created_by``), in-band or
   out-of-band, every run, spec 8 or 9: a second ``run_started``; a second
   ``step_created`` for a step, or one for a step an inline ``step_started`` created; an
@@ -106,7 +115,7 @@ from typing import Protocol, TypeAlias, runtime_checkable
 
 from pydantic import JsonValue
 
-from treadle.world import events, messages, records
+from treadle.world import events, limitrules, messages, records
 
 EventCallback: TypeAlias = Callable[[events.LoggedEvent], None]
 ErrorCallback: TypeAlias = Callable[[BaseException], None]
@@ -216,8 +225,15 @@ class Runs(Protocol):
         spec_version: int,
         run_id: str | None = None,
         attributes: Mapping[str, JsonValue] | None = None,
+        parent_run_id: str | None = None,
+        parent_correlation_id: str | None = None,
     ) -> records.RunRecord:
         """Create a run with ``run_created`` at slot 1.
+
+        ``parent_run_id`` and ``parent_correlation_id`` (child workflows): the run is a
+        child of that run's ``child_created``; both are stored on ``run_created`` and on
+        the run's record (``RunRecord.parent_run_id``). A retried create converges on
+        the run whatever parent it names (the run id names one run).
 
         With a ``run_id`` that exists already, returns that run when it was created
         with the same workflow and input (a retried start), else raises
@@ -237,8 +253,14 @@ class Runs(Protocol):
         deployment_id: str | None = None,
         limit: int = 100,
         cursor: str | None = None,
+        attributes: Mapping[str, JsonValue] | None = None,
     ) -> records.RunPage:
-        """Runs, newest first, filtered; page on with ``next_cursor``."""
+        """Runs, newest first, filtered; page on with ``next_cursor``.
+
+        ``attributes``: only runs whose attributes hold every one of these keys with an
+        equal value (``treadle.world.attributes``: scalars only, checked by
+        ``attributes.check_filter``, ``WorldContractError`` otherwise), answered from an
+        index (Postgres: GIN on ``attributes``; local: ``run_attributes``)."""
         ...
 
     async def count(
@@ -441,6 +463,63 @@ class Queue(Protocol):
         ...
 
 
+# -- streams (issue 17 item 6, docs/streams.md; rules: ``world.streamrules``) ---------------
+
+StreamCallback: TypeAlias = Callable[[], None]
+
+
+class Streams(Protocol):
+    """Named streams of chunks a run's steps write (``get_writable``) and anyone reads.
+
+    A World that has them offers ``world.streams`` (``streamrules.streams_of``). A
+    stream is ``(run_id, name)``; it exists once a chunk or a close was appended.
+    """
+
+    async def append(
+        self,
+        run_id: str,
+        name: str,
+        chunks: Sequence[JsonValue],
+        *,
+        step_id: str,
+        attempt: int,
+        first_seq: int,
+        close: bool = False,
+    ) -> records.StreamAppend:
+        """Store ``chunks`` (already serde JSON) as one atomic block at the stream's next
+        indexes, written by attempt ``attempt`` of step ``step_id`` as its chunks
+        ``first_seq ..``; with ``close`` the stream is closed after them.
+
+        Decided in one transaction, in this order (``streamrules.decide``): no run:
+        ``RunNotFound``; chunks this attempt stored already (a retried append whose
+        answer was lost): nothing stored, ``replayed``; the run ended: refused
+        (``StreamWriteRefused`` ``run_ended``); the step's latest started attempt is not
+        ``attempt`` (a later one started, or this one never did): ``stale_attempt`` or
+        ``not_started``; the stream is closed: ``StreamClosedError``; ``first_seq`` not
+        the attempt's next: ``WorldContractError``. A bad name or an empty append
+        without ``close``: ``StreamNameInvalid`` / ``WorldContractError``. A refusal
+        stores nothing. Readers subscribed to the stream hear of an append at once.
+        """
+        ...
+
+    async def read(
+        self, run_id: str, name: str, *, start: int = 0, limit: int = 1000
+    ) -> records.StreamPage:
+        """Chunks with index ``start`` .. (at most ``limit``), with the stream's count and
+        closed state and whether the run ended, one snapshot. ``RunNotFound`` for no run;
+        an empty page for a stream never written."""
+        ...
+
+    async def list(self, run_id: str) -> list[records.StreamInfo]:
+        """The run's streams by name. ``RunNotFound`` for no run."""
+        ...
+
+    def subscribe(self, run_id: str, name: str, on_append: StreamCallback) -> Subscription:
+        """Call ``on_append()`` (on the event loop) after appends to the stream, best
+        effort: the reader still reads on a timer (``TREADLE_STREAM_POLL_SECONDS``)."""
+        ...
+
+
 class World(Protocol):
     capabilities: Capabilities
     runs: Runs
@@ -471,3 +550,116 @@ class DeadLetters(Protocol):
     async def requeue_dead_letter(self, message_id: str) -> None: ...
 
     async def drop_dead_letter(self, message_id: str) -> None: ...
+
+
+# -- schedules (issue 17 item 3: treadle.schedules) ----------------------------------------
+
+
+@runtime_checkable
+class Schedules(Protocol):
+    """A World's schedules table (``world.schedules``): specs and their firing state.
+
+    The World stores and compares; every rule of when and what to fire is
+    ``treadle.schedules``' (shared by every World). ``version`` moves on every write,
+    so ``update`` is a compare-and-set: two schedulers (two workers, two pods) that
+    read one version race, one wins, the other gets None and reads again. That claim,
+    with a run id derived from the schedule's name and the firing time, makes a firing
+    happen once.
+    """
+
+    async def put(
+        self, spec: records.ScheduleSpec, *, next_fire_at: datetime | None
+    ) -> records.ScheduleRecord:
+        """Create the schedule, or replace the spec of the one of that name (its state is
+        kept but ``paused`` and ``next_fire_at``, set from here); the version moves."""
+        ...
+
+    async def put_if(
+        self, spec: records.ScheduleSpec, *, next_fire_at: datetime | None, expected_version: int
+    ) -> records.ScheduleRecord | None:
+        """``put`` as a compare-and-set, as ``update``: written only when the stored version
+        is ``expected_version`` (``0``: only when there is no such schedule), else None and
+        nothing written; so a put computed from a read cannot write back a
+        ``next_fire_at`` that a claim moved meanwhile (``treadle.schedules.api.store``)."""
+        ...
+
+    async def get(self, name: str) -> records.ScheduleRecord:
+        """``ScheduleNotFound`` when no schedule has that name."""
+        ...
+
+    async def list(self, *, limit: int = 1000) -> list[records.ScheduleRecord]:
+        """Every schedule by name, up to ``limit``."""
+        ...
+
+    async def update(
+        self, name: str, *, expected_version: int, state: records.ScheduleState
+    ) -> records.ScheduleRecord | None:
+        """Replace the state when the stored version is ``expected_version``; the new
+        record, or None (nothing written) when it moved or the schedule is gone."""
+        ...
+
+    async def delete(self, name: str) -> bool:
+        """Remove the schedule (its runs stay); False when there was none."""
+
+
+# -- concurrency and rate limits (issue 17 item 4; rules in ``treadle.world.limitrules``) ---
+
+
+@runtime_checkable
+class LimitStore(Protocol):
+    """Slots, waiters and token buckets per (scope, key), shared by every worker of a World
+    (``world.limits``; a World without it refuses limited workflows and steps).
+
+    Every operation is one transaction per key (Postgres: a row lock on the key; the
+    local World: SQLite's single writer; memory: one step of the loop)."""
+
+    async def acquire(self, claim: limitrules.Claim, *, now_ms: int) -> limitrules.Admission:
+        """Hold a slot, or be recorded (or stay) waiting; idempotent per holder."""
+        ...
+
+    async def reserve(self, claim: limitrules.RateClaim, *, now_ms: int) -> int:
+        """The time (ms) this holder may start; a holder's reservation is kept."""
+        ...
+
+    async def release(self, run_id: str, *, holder: str | None = None) -> list[limitrules.Wake]:
+        """Drop ``holder``'s slot, waiting place and reservation (None: everything the run
+        holds or waits on, its steps' included); the waiters now admissible."""
+        ...
+
+    async def sweep(self, *, now_ms: int, limit: int = 100) -> list[limitrules.Wake]:
+        """Drop dead holders and waiters everywhere; the waiters now admissible."""
+        ...
+
+    async def waiting(
+        self, run_ids: Sequence[str], *, now_ms: int
+    ) -> dict[str, limitrules.WaitingOn]:
+        """What each of these runs (or one of its steps) waits on, if anything."""
+        ...
+
+
+# -- step heartbeats (issue 17 item 5, docs/timeouts.md) --------------------------------
+
+
+@runtime_checkable
+class Heartbeats(Protocol):
+    """Where a step's heartbeats are kept: one row per step, never the log.
+
+    An optional member, ``world.heartbeats`` (``heartbeats_of``). ``record`` keeps the
+    latest beat of a step: a beat of an attempt older than the one stored is ignored
+    (a stalled process's late beat never hides the new attempt's). Rows go with their
+    run's storage; they are small (details within ``treadle.limits``) and written at
+    most once per throttle interval per attempt (``orchestrator.steptimeouts``).
+    """
+
+    async def record(
+        self, run_id: str, step_id: str, *, attempt: int, details: JsonValue, beat_at: datetime
+    ) -> None: ...
+
+    async def get(self, run_id: str, step_id: str) -> records.HeartbeatRecord | None: ...
+
+
+def heartbeats_of(world: object) -> Heartbeats | None:
+    """The World's heartbeat store, or None when it keeps none (then a heartbeat lapse is
+    judged in the step's own process only, and a next attempt sees no details)."""
+    store = getattr(world, "heartbeats", None)
+    return store if isinstance(store, Heartbeats) else None

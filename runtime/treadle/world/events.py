@@ -10,7 +10,10 @@ Which events carry what follows seed 003 ("Step ownership and data", "Spec 9
 event rules"): ``inline`` and ``creator_message_id`` on ``step_created``,
 ``inline`` and the input on an inline step's first ``step_started``,
 ``creator_message_id`` on ``wait_created``, ``attempt`` on ``step_started``,
-``step_retrying`` and ``step_failed``, and ``step_name`` on every step event.
+``step_retrying``, ``step_failed`` and ``step_completed`` (optional there: a writer of an
+earlier release names none), and ``step_name`` on every step event. An outcome names
+its attempt so the World refuses one from an attempt a later one superseded
+(``storagerules.check_outcome_attempt``).
 Creation events also carry the replay ``position`` the workflow code reached.
 """
 
@@ -54,6 +57,9 @@ class RunCreated(_Event):
     deployment_id: str
     spec_version: int
     attributes: dict[str, JsonValue] = Field(default_factory=dict)
+    # A child run (child workflows): its parent run and the parent's child_created id.
+    parent_run_id: str | None = None
+    parent_correlation_id: str | None = None
 
 
 class RunStarted(_Event):
@@ -115,6 +121,8 @@ class StepCompleted(_EntityEvent):
     type: Literal["step_completed"] = "step_completed"
     step_name: str
     result: JsonValue = None
+    # The attempt whose body returned (None: written by an earlier release; unchecked).
+    attempt: int | None = Field(default=None, ge=1)
 
 
 class StepFailed(_EntityEvent):
@@ -140,6 +148,13 @@ class HookCreated(_EntityEvent):
     token: str = Field(min_length=1)
     metadata: JsonValue = None
     position: int | None = None
+    # Hook force-claim and token retention (issue 17 item 8; seed 003 "Force-claim",
+    # "Terminal hook disposal"): ``force`` takes the token from the run holding it, and
+    # the World records that run in ``claimed_from``; a hook with
+    # ``token_retention_until`` keeps its token reserved past its run's end until then.
+    force: bool = False
+    claimed_from: str | None = None
+    token_retention_until: datetime | None = None
 
 
 class HookReceived(_EntityEvent):
@@ -149,6 +164,9 @@ class HookReceived(_EntityEvent):
 
 class HookDisposed(_EntityEvent):
     type: Literal["hook_disposed"] = "hook_disposed"
+    # Written by the World into the victim's log when another run force-claims the
+    # token (the claimer's run id); the victim's await raises HookForceClaimedError.
+    force_claimed_by: str | None = None
 
 
 class HookConflict(_EntityEvent):
@@ -161,9 +179,15 @@ class HookConflict(_EntityEvent):
 
 
 class AttrSet(_Event):
+    """One run attribute set (docs/attributes.md). Written by workflow code in-band, with
+    the replay ``position`` it reached and a correlation id ``attr_...`` (replay finds it
+    there and never writes it again); by step code or ``run.set_attributes()`` out of
+    band, with neither."""
+
     type: Literal["attr_set"] = "attr_set"
     key: str = Field(min_length=1)
     value: JsonValue = None
+    position: int | None = None
 
 
 class WakeRequested(_Event):
@@ -197,6 +221,49 @@ class Noop(_Event):
     type: Literal["noop"] = "noop"
 
 
+# -- Child workflows (issue 17 item 1; docs/children.md) ---------------------------------
+
+OnParentClose: TypeAlias = Literal["cancel", "abandon"]
+
+
+class ChildCreated(_EntityEvent):
+    """The parent's decision to start a child run (in-band, at the call's position).
+
+    ``child_run_id`` is derived from the parent run id and this correlation id
+    (``treadle.replay.children.child_run_id``), so the run it names is created idempotently
+    after the commit, by this delivery or a redelivery.
+    """
+
+    type: Literal["child_created"] = "child_created"
+    workflow_name: str
+    child_run_id: str
+    input: JsonValue = None
+    position: int | None = None
+    on_parent_close: OnParentClose = "cancel"
+    start_on_latest: bool = False
+
+
+class ChildCompleted(_EntityEvent):
+    """The child run completed (out-of-band, written once: keyed by the child run id)."""
+
+    type: Literal["child_completed"] = "child_completed"
+    child_run_id: str
+    output: JsonValue = None
+
+
+class ChildFailed(_EntityEvent):
+    """The child run failed or was cancelled (out-of-band, written once)."""
+
+    type: Literal["child_failed"] = "child_failed"
+    child_run_id: str
+    error: ErrorInfo
+    cancelled: bool = False
+
+
+CHILD_TYPES: frozenset[str] = frozenset({"child_created", "child_completed", "child_failed"})
+CHILD_OUTCOME_TYPES: frozenset[str] = frozenset({"child_completed", "child_failed"})
+
+
 Event: TypeAlias = Annotated[
     RunCreated
     | RunStarted
@@ -217,6 +284,9 @@ Event: TypeAlias = Annotated[
     | AttrSet
     | WakeRequested
     | RunRepinned
+    | ChildCreated
+    | ChildCompleted
+    | ChildFailed  # child workflows
     | Noop,
     Field(discriminator="type"),
 ]
@@ -246,6 +316,7 @@ EVENT_TYPES: frozenset[str] = frozenset(
         "run_repinned",
         "noop",
     }
+    | CHILD_TYPES
 )
 RUN_TERMINAL_TYPES: frozenset[str] = frozenset({"run_completed", "run_failed", "run_cancelled"})
 STEP_OUTCOME_TYPES: frozenset[str] = frozenset({"step_completed", "step_failed"})
@@ -268,6 +339,7 @@ REFUSED_ON_TERMINAL_RUN: frozenset[str] = frozenset(
         "wait_created",
         "hook_created",
         "wake_requested",
+        "child_created",  # a child workflow is new work too
     }
 )
 # Written by a runs operation, never by events.create (WorldContractError there).

@@ -5,21 +5,26 @@ sound): slots dense from 1 and ending at the run's ``seq``; ``run_created`` at
 slot 1 and in-band; the in-band events counting up to the run's ``seq_in_band``
 (the fence's arithmetic); at most one terminal run event, and only outcomes,
 waits' completions, hook disposals and attributes after it; per step, a creation
-before any start, attempts that never go down, and at most one outcome; per wait,
-at most one completion. The World enforces the last two itself (a second outcome is
-``StepAlreadyEnded``, a second completion ``WaitAlreadyCompleted``; DESIGN.md 10,
-``treadle.world.contract``), so a log breaking them points at a World bug or a log
-written some other way. Used by the soak tests and ``treadle inspect``-style tools.
+before any start, attempts that never go down, at most one outcome, and outcomes
+only from the latest started attempt (``storagerules.check_outcome_attempt``); per
+wait, at most one completion. The World enforces the last three itself (a second
+outcome is ``StepAlreadyEnded``, a superseded attempt's ``StaleStepOutcome``, a second
+completion ``WaitAlreadyCompleted``; DESIGN.md 10, ``treadle.world.contract``), so a
+log breaking them points at a World bug or a log written some other way. Used by the
+soak tests and ``treadle inspect``-style tools.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from treadle.world import events, records
+from treadle import errors
+from treadle.world import events, records, storagerules
 
 _AFTER_TERMINAL = frozenset(
     {"step_completed", "step_failed", "wait_completed", "hook_disposed", "attr_set", "noop"}
+    # A child's outcome reaches its parent whenever the child ends (child workflows).
+    | events.CHILD_OUTCOME_TYPES
 )
 
 
@@ -66,6 +71,10 @@ def problems(run: records.RunRecord, log: Sequence[events.LoggedEvent]) -> list[
                 if e.event.attempt < attempt:
                     found.append(f"step {cid}: attempt {e.event.attempt} after {attempt}")
                 attempt = max(attempt, e.event.attempt)
+            try:
+                storagerules.check_outcome_attempt(run.run_id, e.event, attempt)
+            except errors.StaleStepOutcome as exc:
+                found.append(f"step {cid}: slot {e.slot}: {exc}")
             if kind in events.STEP_OUTCOME_TYPES:
                 outcomes += 1
                 if outcomes > 1:

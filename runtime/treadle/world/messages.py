@@ -126,6 +126,9 @@ class RunInput(BaseModel):
     spec_version: SpecVersion
     deployment_id: DeploymentId | None = None
     created_at: datetime
+    # Never sent (excluded from the wire): what turbo's delivery reads of the run's
+    # record beside the rest, so its synthesized ``run_created`` is the logged one.
+    attributes: dict[str, JsonValue] = Field(default_factory=dict, exclude=True)
 
 
 class WaitContinuation(BaseModel):

@@ -13,6 +13,10 @@
   creation, refused as ``EntityAlreadyCreated`` with the first creation's slot, nothing
   allocated (spec 8 runs have several writers; seed 003 "Spec 8 queues, as in earlier
   releases"). A World looks up the first such event and hands its slot here.
+- ``outcome_attempt`` / ``check_outcome_attempt``: a step outcome (``step_completed``,
+  ``step_failed``, ``step_retrying``) is taken only from the step's latest started
+  attempt (``StaleStepOutcome`` otherwise), so a body that outlived its timeout or its
+  lease cannot write its outcome once the next attempt started, however late it writes.
 - ``check_spec_event``: an event only a spec 9 run's log may hold (``wake_requested``)
   on an earlier run is a ``WorldContractError`` naming the run and its version
   (``spec_event_refused`` builds it, for the Postgres World's mapping too).
@@ -24,6 +28,8 @@ Used by the local and in-memory storages (``treadle.worlds.local``,
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
+from typing import Literal
 
 from pydantic import JsonValue
 
@@ -216,6 +222,47 @@ def check_creation(run_id: str, event: events.Event, first_slot: int | None) -> 
         )
 
 
+# A step outcome: the events that end (or retry) an attempt and name it.
+OUTCOME_ATTEMPT_TYPES: frozenset[str] = frozenset(
+    {"step_completed", "step_failed", "step_retrying"}
+)
+
+
+def outcome_attempt(event: events.Event) -> int | None:
+    """The attempt a step outcome names; None for any other event, or for a
+    ``step_completed`` of an earlier release (which names none: never checked)."""
+    if isinstance(event, events.StepCompleted | events.StepFailed | events.StepRetrying):
+        return event.attempt
+    return None
+
+
+def check_outcome_attempt(run_id: str, event: events.Event, latest_attempt: int | None) -> None:
+    """Refuse a step outcome whose attempt is not the step's latest started attempt.
+
+    ``latest_attempt`` is the highest attempt started for the step as the World's
+    step row holds it (``step_created`` folds it to 0; None: the World has no row for
+    the step). A step no attempt started yet (0 or None) takes an outcome naming any
+    attempt: a step failed before its first start (arguments that cannot be stored, a
+    message past its deliveries) names attempt 1. Otherwise the outcome must name
+    exactly ``latest_attempt``: an older attempt was superseded by a redelivery's start
+    (its body outlived its timeout, heartbeat or lease: docs/timeouts.md), and a newer
+    one never started. Decided after the step's one-outcome check (``StepAlreadyEnded``
+    stays the answer for an outcome after the step's outcome), in-band or out-of-band,
+    spec 8 or 9. The Postgres function ``treadle_admit`` (migration 0019) mirrors it.
+    """
+    attempt = outcome_attempt(event)
+    if attempt is None or not latest_attempt or attempt == latest_attempt:
+        return
+    assert event.correlation_id is not None
+    raise errors.StaleStepOutcome(
+        run_id,
+        step_id=event.correlation_id,
+        attempt=attempt,
+        latest_attempt=latest_attempt,
+        event_type=event.type,
+    )
+
+
 def spec_event_refused(
     run_id: str, spec_version: int, event_type: str
 ) -> errors.WorldContractError:
@@ -235,3 +282,50 @@ def check_spec_event(run_id: str, spec_version: int, event: events.Event) -> Non
         and spec_version < constants.SPEC_VERSION_SINGLE_ORCHESTRATOR
     ):
         raise spec_event_refused(run_id, spec_version, event.type)
+
+
+# -- Hook force-claim and token retention (issue 17 item 8; seed 003 "Force-claim") ------
+#
+# A ``hook_created`` whose token a hook holds: ``claim_decision`` says what the World does.
+# A holder is "expired" when its run has ended and its retention has passed (or it never
+# had one): its token is free. Another run's live or retained holder is force-claimed
+# when the creation asks for ``force``, else the creation is stored as ``hook_conflict``;
+# the creator's own run is never force-claimed (it disposes its hook instead). A claim
+# writes ``forced_disposal`` into the holder's log (out-of-band) and stores the creation
+# as ``claimed`` (naming the holder), in one transaction.
+
+
+def holder_expired(*, run_ended: bool, retained_until: datetime | None, now: datetime) -> bool:
+    """A hook row left by an ended run whose token is no longer reserved."""
+    return run_ended and (retained_until is None or retained_until <= now)
+
+
+def claim_decision(
+    run_id: str, event: events.HookCreated, holder_run_id: str | None
+) -> Literal["create", "conflict", "claim"]:
+    """``create`` (the token is free), ``claim`` (take it) or ``conflict``."""
+    if holder_run_id is None:
+        return "create"
+    if event.force and holder_run_id != run_id:
+        return "claim"
+    return "conflict"
+
+
+def forced_disposal(hook_id: str, claimer_run_id: str) -> events.HookDisposed:
+    """What the World writes into the victim's log when its token is force-claimed."""
+    return events.HookDisposed(correlation_id=hook_id, force_claimed_by=claimer_run_id)
+
+
+def claimed(event: events.HookCreated, victim_run_id: str) -> events.HookCreated:
+    """The creation as stored after a force-claim: it names the run it took the token from."""
+    return event.model_copy(update={"claimed_from": victim_run_id})
+
+
+def conflict(event: events.HookCreated, holder_run_id: str) -> events.HookConflict:
+    """The creation stored as ``hook_conflict`` (a token another hook holds)."""
+    return events.HookConflict(
+        correlation_id=event.correlation_id,
+        token=event.token,
+        holder_run_id=holder_run_id,
+        position=event.position,
+    )

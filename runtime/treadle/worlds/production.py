@@ -41,8 +41,12 @@ class PostgresNatsWorld:
         self.steps: contract.Steps = storage.steps
         self.hooks: contract.Hooks = storage.hooks
         self.deployments: contract.Deployments = storage.deployments
+        self.limits: contract.LimitStore = storage.limits
+        self.heartbeats: contract.Heartbeats = storage.heartbeats  # step heartbeats
         self.queue: contract.Queue = queue
         self.changes: contract.Changes = storage.changes
+        self.schedules: contract.Schedules = storage.schedules  # issue 17 item 3
+        self.streams: contract.Streams = storage.streams  # issue 17 item 6
 
     @classmethod
     async def connect(
@@ -60,7 +64,7 @@ class PostgresNatsWorld:
         stream_replicas: int | None = None,
         transport: Transport | None = None,
         statement_cache_size: int | None = None,
-        group_writes: bool = False,
+        group_writes: bool = True,
     ) -> PostgresNatsWorld:
         """Open both halves; ``transport`` carries credentials and TLS (default: none beyond
         the URLs). A server refusing them is ``WorldAuthFailed``, raised at once.

@@ -108,6 +108,7 @@ class Bodies:
                 attempt=attempt,
                 max_retries=max_retries,
                 started_at=clock.utcnow(),
+                lease=self.meta,
             )
             event = steps.outcome_event(step_id, step_name, attempt, outcome)
             if outcome.kind != "retry":
@@ -118,8 +119,8 @@ class Bodies:
             written: list[events.LoggedEvent] = []
             try:
                 await self._write_retrying(event, step_name, attempt, written)
-            except errors.StepAlreadyEnded:
-                return  # another attempt's outcome won
+            except (errors.StepAlreadyEnded, errors.StaleStepOutcome):
+                return  # another attempt's outcome won, or a later attempt started
             logged = written[0]
             retry = self.step_send(
                 step_id, step_name, logged, max_retries, attempt + 1, outcome.retry_after_seconds
@@ -154,10 +155,13 @@ class Bodies:
         return True
 
     async def write_outcome(self, event: events.Event, step_name: str, attempt: int) -> None:
-        """An outcome; the World refuses a second one (another attempt's stands)."""
+        """An outcome; the World refuses a second one (another attempt's stands), and
+        one of an attempt a later start superseded (StaleStepOutcome)."""
         try:
             await self._write_retrying(event, step_name, attempt, [])
-        except errors.StepAlreadyEnded:
+        except (errors.StepAlreadyEnded, errors.StaleStepOutcome) as exc:
+            if isinstance(exc, errors.StaleStepOutcome):
+                log.info("run %s: step %s outcome refused: %s", self.run_id, step_name, exc)
             await self.session.read_tail()
 
     async def _write_retrying(

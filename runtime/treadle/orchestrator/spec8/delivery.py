@@ -370,7 +370,7 @@ class Spec8Delivery:
         calls = [op for op in suspended.new if isinstance(op, operations.StepCall)]
         if not waits and not calls:
             return False
-        inline = [c for c in calls if c.input_error is None][: self._inline_slots(waits)]
+        inline = [c for c in calls if c.may_run_inline][: self._inline_slots(waits)]
         me = self.meta.message_id
         batch: list[events.Event] = []
         for call in calls:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import random
 
 from treadle.testing.memory.feed import Feeds
+from treadle.testing.memory.limits import LimitTables
 from treadle.testing.memory.log import Store
 from treadle.testing.memory.queue import DeadLetter, InFlight, MessageQueue
 from treadle.testing.memory.stats import QueueStats
@@ -38,11 +39,18 @@ class MemoryBackend:
         self.rng = rng
         self.store = Store()
         self.deployments: dict[str, records.DeploymentRecord] = {}
+        self.heartbeats: dict[tuple[str, str], records.HeartbeatRecord] = {}  # step heartbeats
         # Deployments.promote's order: the newest promoted non-retired one is latest.
         self.promoted: dict[str, int] = {}
         self.stats = QueueStats()
         self.queue = MessageQueue(self.stats, rng, self._run_spec_version)
         self.feeds = Feeds(self._read_after, self._head)
+        self.schedules: dict[str, records.ScheduleRecord] = {}  # issue 17 item 3
+        # Every schedule write, in order: ("put" | "update", the record before or None, after).
+        self.schedule_writes: list[
+            tuple[str, records.ScheduleRecord | None, records.ScheduleRecord]
+        ] = []
+        self.limits = LimitTables()  # concurrency and rate limits (issue 17 item 4)
 
     def _run_spec_version(self, run_id: str) -> int | None:
         state = self.store.runs.get(run_id)

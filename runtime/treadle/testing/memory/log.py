@@ -106,6 +106,8 @@ class Store:
     def __init__(self) -> None:
         self.runs: dict[str, RunState] = {}
         self.hooks: dict[str, records.HookRecord] = {}
+        # Runs written to by a force-claim of another run's write (their feeds to wake).
+        self.foreign: list[str] = []
 
     def run(self, run_id: str) -> RunState:
         state = self.runs.get(run_id)
@@ -124,6 +126,7 @@ class Store:
         deployment_id: str,
         spec_version: int,
         attributes: dict[str, JsonValue],
+        parent: tuple[str | None, str | None] = (None, None),
     ) -> tuple[bool, RunState]:
         """The run row and ``run_created`` at slot 1; converge on a retried create."""
         created = events.RunCreated(
@@ -132,6 +135,8 @@ class Store:
             deployment_id=deployment_id,
             spec_version=spec_version,
             attributes=dict(attributes),
+            parent_run_id=parent[0],
+            parent_correlation_id=parent[1],
         )
         held = self.runs.get(run_id)
         if held is not None:
@@ -155,6 +160,8 @@ class Store:
             seq=1,
             seq_in_band=constants.IN_BAND_SEQ_AT_RUN_CREATION,
             attributes=frozen_json(dict(attributes)),  # type: ignore[arg-type]
+            parent_run_id=parent[0],
+            parent_correlation_id=parent[1],
         )
         state = RunState(record)
         logged = events.LoggedEvent(
@@ -281,15 +288,24 @@ class Store:
         if not isinstance(event, events.StepStarted):
             storagerules.check_creation(run_id, event, state.first_creation(event))
         match event:
-            case events.StepStarted() | events.StepCompleted() | events.StepFailed():
+            case (
+                events.StepStarted()
+                | events.StepCompleted()
+                | events.StepFailed()
+                | events.StepRetrying()
+            ):
                 ended = state.outcome_slots.get(event.correlation_id)
-                if ended is not None:
+                if ended is not None and not isinstance(event, events.StepRetrying):
                     raise errors.StepAlreadyEnded(
                         run_id, step_id=event.correlation_id, outcome_slot=ended, event_type=kind
                     )
                 if isinstance(event, events.StepStarted):
                     storagerules.check_creation(run_id, event, state.first_creation(event))
                 held = state.steps.get(event.correlation_id)
+                # An outcome only from the latest started attempt (a superseded one's is stale).
+                storagerules.check_outcome_attempt(
+                    run_id, event, None if held is None else held.attempt
+                )
                 if (
                     isinstance(event, events.StepStarted)
                     and held is not None
@@ -309,20 +325,41 @@ class Store:
                         run_id, wait_id=event.correlation_id, completed_slot=done
                     )
             case events.HookCreated():
-                holder = self.hooks.get(event.token)
-                if holder is not None:
-                    return events.HookConflict(
-                        correlation_id=event.correlation_id,
-                        token=event.token,
-                        holder_run_id=holder.run_id,
-                        position=event.position,
-                    )
+                return self._claim(state, event)
             case events.HookReceived():
                 if event.correlation_id not in state.hooks:
                     raise errors.HookNotFound(hook_id=event.correlation_id, run_id=run_id)
             case _:
                 pass
         return event
+
+    def _claim(self, state: RunState, event: events.HookCreated) -> events.Event:
+        """A creation's token claim (``storagerules.claim_decision``): free, conflict, or
+        force-claimed from its holder (``hook_disposed`` into the holder's log)."""
+        holder = self.hooks.get(event.token)
+        if holder is not None:
+            held = self.runs[holder.run_id].record
+            if storagerules.holder_expired(
+                run_ended=held.status in _TERMINAL,
+                retained_until=holder.retained_until,
+                now=clock.utcnow(),
+            ):
+                del self.hooks[event.token]
+                holder = None
+        decision = storagerules.claim_decision(
+            state.run_id, event, None if holder is None else holder.run_id
+        )
+        if holder is None or decision == "create":
+            return event
+        if decision == "conflict":
+            return storagerules.conflict(event, holder.run_id)
+        victim = self.runs[holder.run_id]
+        del self.hooks[event.token]
+        victim.hooks.pop(holder.hook_id, None)
+        disposal = storagerules.forced_disposal(holder.hook_id, state.run_id)
+        self._insert(victim, disposal, False, clock.utcnow(), None)
+        self.foreign.append(victim.run_id)
+        return storagerules.claimed(event, victim.run_id)
 
     def _insert(
         self,
@@ -402,8 +439,9 @@ class Store:
                 state.completed_waits[wid] = slot
             case events.HookCreated(correlation_id=hid, token=token, metadata=metadata):
                 self.hooks[token] = records.HookRecord(
-                    token=token, run_id=run.run_id, hook_id=hid, created_at=at, metadata=metadata
-                )
+                    token=token, run_id=run.run_id, hook_id=hid, created_at=at, metadata=metadata,
+                    retained_until=event.token_retention_until,
+                )  # fmt: skip
                 state.hooks[hid] = token
             case events.HookDisposed(correlation_id=hid) | events.HookReceived(correlation_id=hid):
                 # A hook takes one payload: once it is recorded the token is free again.
@@ -415,9 +453,11 @@ class Store:
 
     def _end_run(self, state: RunState, ended: records.RunRecord, at: datetime) -> None:
         state.record = replace(ended, completed_at=at)
-        # A terminal event frees every hook the run still holds.
+        # A terminal event frees every hook the run still holds but a retained one.
         for token in state.hooks.values():
-            self.hooks.pop(token, None)
+            held = self.hooks.get(token)
+            if held is None or held.retained_until is None or held.retained_until <= at:
+                self.hooks.pop(token, None)
         state.hooks.clear()
 
     def _end_step(

@@ -54,6 +54,12 @@ POINTS: frozenset[str] = frozenset(
         "queue.renew",
         "queue.deliver",
         "queue.beat",
+        "schedules.put",
+        "schedules.get",
+        "schedules.list",
+        "schedules.update",
+        "schedules.claimed",  # after a won compare-and-set committed (a claim)
+        "schedules.delete",
     }
 )
 

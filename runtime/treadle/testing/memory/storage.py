@@ -22,12 +22,14 @@ from treadle import clock, errors
 from treadle.testing.memory import points as fault_points
 from treadle.testing.memory.feed import Subscription
 from treadle.testing.memory.log import WriteParams
+from treadle.world import attributes as run_attributes
 from treadle.world import contract, events, ids, records, storagerules
 
 if TYPE_CHECKING:
     from treadle.testing.memory.backend import MemoryBackend
 
 T = TypeVar("T")
+_ENDED = frozenset({"completed", "failed", "cancelled"})
 
 
 class _Facade:
@@ -61,6 +63,8 @@ class MemoryRuns(_Facade):
         spec_version: int,
         run_id: str | None = None,
         attributes: Mapping[str, JsonValue] | None = None,
+        parent_run_id: str | None = None,
+        parent_correlation_id: str | None = None,
     ) -> records.RunRecord:
         storagerules.check_run_id(run_id)
         rid = run_id or ids.new_run_id()
@@ -71,6 +75,7 @@ class MemoryRuns(_Facade):
         created, state = self._store.create_run(
             run_id=rid, workflow_name=workflow_name, input=input, deployment_id=deployment_id,
             spec_version=spec_version, attributes=dict(attributes or {}),
+            parent=(parent_run_id, parent_correlation_id),
         )  # fmt: skip
         if created:
             self._backend.feeds.publish(rid)
@@ -106,9 +111,11 @@ class MemoryRuns(_Facade):
         deployment_id: str | None = None,
         limit: int = 100,
         cursor: str | None = None,
+        attributes: Mapping[str, JsonValue] | None = None,
     ) -> records.RunPage:
         if limit < 1:
             raise errors.WorldContractError(f"runs.list needs limit >= 1, got {limit}")
+        wanted = run_attributes.check_filter(attributes)
         after: tuple[datetime, str] | None = None
         if cursor is not None:
             created_s, _, last_id = cursor.partition("|")
@@ -128,6 +135,7 @@ class MemoryRuns(_Facade):
             and (workflow_name is None or s.record.workflow_name == workflow_name)
             and (deployment_id is None or s.record.deployment_id == deployment_id)
             and (after is None or _cursor(s.record) < after)
+            and run_attributes.matches(s.record.attributes, wanted)
         ]
         matching.sort(key=_cursor, reverse=True)
         page = tuple(copy.deepcopy(r) for r in matching[:limit])
@@ -181,6 +189,8 @@ class MemoryEvents(_Facade):
         )
         if allocated:
             self._backend.feeds.publish(run_id)
+        while self._store.foreign:  # a force-claim wrote into the holder's log too
+            self._backend.feeds.publish(self._store.foreign.pop())
         result = records.EventResult(committed[0], allocated, tuple(report), has_more)
         return self._leave(fail, "events.create", run_id, result)
 
@@ -282,6 +292,12 @@ class MemoryHooks(_Facade):
     async def get_by_token(self, token: str) -> records.HookRecord:
         fail = await self._enter("hooks.get_by_token", None)
         hook = self._store.hooks.get(token)
+        if hook is not None and storagerules.holder_expired(
+            run_ended=self._store.runs[hook.run_id].record.status in _ENDED,
+            retained_until=hook.retained_until,
+            now=clock.utcnow(),
+        ):
+            hook = None
         if hook is None:
             raise errors.HookNotFound(token)
         return self._leave(fail, "hooks.get_by_token", hook.run_id, copy.deepcopy(hook))

@@ -23,6 +23,10 @@ from treadle.testing.memory import storage
 from treadle.testing.memory.backend import MemoryBackend
 from treadle.testing.memory.consumer import MemoryConsumer
 from treadle.testing.memory.feed import MemoryChanges
+from treadle.testing.memory.heartbeats import MemoryHeartbeats
+from treadle.testing.memory.limits import MemoryLimits
+from treadle.testing.memory.schedules import MemorySchedules
+from treadle.testing.memory.streams import MemoryStreams
 from treadle.world import contract, messages, queuerules
 
 CAPABILITIES = contract.Capabilities(
@@ -128,8 +132,12 @@ class MemoryWorld:
             self.backend, self.points
         )
         self.queue: contract.Queue = self.memory_queue
+        self.schedules: contract.Schedules = MemorySchedules(self.backend, self.points)
+        self.heartbeats: contract.Heartbeats = MemoryHeartbeats(self.backend.heartbeats)
         self.memory_changes = MemoryChanges(self.backend.feeds)
         self.changes: contract.Changes = self.memory_changes
+        self.limits: contract.LimitStore = MemoryLimits(self.backend.store, self.backend.limits)
+        self.streams: contract.Streams = MemoryStreams(self.backend)  # issue 17 item 6
         self.closed = False
 
     async def open(self) -> MemoryWorld:

@@ -29,6 +29,10 @@ Optimistic starts (``Config(optimistic=...)``, ``--optimistic``): turbo's early
 inline bodies are on, the opt-in background start is drawn per seed, and a body
 run before a start that was then refused is counted as spec 9's residual risk
 ``body_before_refused_start`` (``invariants.residuals``; docs/turbo.md).
+Issue 17's generators (``gen_*``, each with its ``invariants_*``; ``Config.generators``)
+add child workflows (a child run is judged as a run of its own, ``collect``), timeouts,
+attributes, streams, hook claims and limits; ``gen_schedules`` adds schedules (the
+firing loop on for those seeds only) and ``invariants_schedules`` checks their firings.
 Your own workflows can run on the same loop and World:
 ``loop.run(main, rng=random.Random(seed))`` with ``treadle.clock.use(SimClock(...))``
 and a ``MemoryWorld``.

@@ -26,7 +26,7 @@ import time
 
 from treadle.testing.simulation import known, spec8, workload
 from treadle.testing.simulation.faults import FaultPlan
-from treadle.testing.simulation.runner import OPTIMISTIC, Config, Report, simulate
+from treadle.testing.simulation.runner import GENERATORS, OPTIMISTIC, Config, Report, simulate
 from treadle.testing.simulation.shrink import shrink
 
 
@@ -45,6 +45,10 @@ def _config(args: argparse.Namespace) -> Config:
         ownership=not args.no_ownership,
         ownership_lease=args.lease,
         run_ahead=args.run_ahead,
+        warm=args.warm,
+        generators=() if args.no_features else _generators(args.generators),
+        children=not args.no_children,
+        hook_claims=not args.no_hook_claims,
     )
 
 
@@ -98,6 +102,8 @@ def _replay(seed: int, args: argparse.Namespace) -> int:
     if report.spec8_runs:
         print(_spec8_line(report.spec8_runs, report.residuals, report.spec8_notes))
     print(_run_ahead_line(report.run_ahead, depth=report.run_ahead_depth))
+    print(f"warm sessions: {report.warm_settings}; {dict(sorted(report.warm.items()))}")
+    print(f"schedules: {dict(sorted(report.schedules.items()))}")
     for v in report.violations:
         print(f"VIOLATION {v}  (likely {known.classify(v, report)})")
     if not report.ok:
@@ -115,6 +121,8 @@ def _soak(args: argparse.Namespace) -> int:
     notes: collections.Counter[str] = collections.Counter()
     ahead: collections.Counter[str] = collections.Counter()
     ahead_seeds = 0
+    warm_counts: collections.Counter[str] = collections.Counter()
+    schedule_counts: collections.Counter[str] = collections.Counter()
     sim_seconds = 0.0
     failed: list[Report] = []
     for seed in range(args.start, args.start + args.seeds):
@@ -129,6 +137,8 @@ def _soak(args: argparse.Namespace) -> int:
         notes.update(report.spec8_notes)
         ahead.update(report.run_ahead)
         ahead_seeds += report.run_ahead_depth > 0
+        warm_counts.update(report.warm)
+        schedule_counts.update(report.schedules)
         if args.json:
             line = {
                 "seed": seed,
@@ -167,6 +177,8 @@ def _soak(args: argparse.Namespace) -> int:
     print(_spec9_line(residuals))
     print(_spec8_line(runs8, residuals, notes))
     print(f"{ahead_seeds} seeds with run-ahead on; " + _run_ahead_line(ahead))
+    print(f"warm sessions: {dict(sorted(warm_counts.items()))}")
+    print(f"schedules: {dict(sorted(schedule_counts.items()))}")
     return 1 if failed else 0
 
 
@@ -205,15 +217,42 @@ def main(argv: list[str] | None = None) -> int:
         help="spec 8: WORKFLOW_INLINE_OWNERSHIP_LEASE_SECONDS in virtual seconds (1 to 900)",
     )
     p.add_argument(
+        "--no-features",
+        action="store_true",
+        help="none of issue 17's generators (attributes, children, timeouts, streams, hook "
+        "claims, limits): programs as seeds pinned before them drew",
+    )
+    p.add_argument(
+        "--generators",
+        default=None,
+        help="comma-separated: only these of issue 17's generators (default: all)",
+    )
+    p.add_argument(
+        "--no-children",
+        action="store_true",
+        help="draw no child workflows (gen_children) into the programs",
+    )
+    p.add_argument(
         "--no-ownership",
         action="store_true",
         help="spec 8 under the kill switch WORKFLOW_INLINE_OWNERSHIP=0",
+    )
+    p.add_argument(
+        "--no-hook-claims",
+        action="store_true",
+        help="no generated hook force-claims (gen_hookclaims), as seeds pinned before them",
     )
     p.add_argument(
         "--run-ahead",
         type=int,
         default=None,
         help="WORKFLOW_RUN_AHEAD_DEPTH for every seed (default: drawn per seed, 0 or 10)",
+    )
+    p.add_argument(
+        "--warm",
+        type=int,
+        default=None,
+        help="TREADLE_WARM_RUNS for every seed (default: drawn per seed, 0, 1 or the default)",
     )
     args = p.parse_args(argv)
     # No hash seed is fixed: the engine and the simulation never iterate a set of
@@ -226,6 +265,17 @@ def main(argv: list[str] | None = None) -> int:
         return _soak(args)
     p.error("give --seeds N or --seed S")
     return 2
+
+
+def _generators(raw: str | None) -> tuple[str, ...] | None:
+    if raw is None:
+        return None
+    names = tuple(n.strip() for n in raw.split(",") if n.strip())
+    unknown = [n for n in names if n not in GENERATORS]
+    if unknown:
+        known_ = ", ".join(GENERATORS)
+        raise SystemExit(f"--generators: unknown {', '.join(unknown)} (known: {known_})")
+    return names
 
 
 if __name__ == "__main__":

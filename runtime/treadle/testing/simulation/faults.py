@@ -86,6 +86,12 @@ _APPLIES: dict[str, tuple[str, ...]] = {
     "queue.settle": ("queue_error", "kill", "stall"),
     "queue.renew": ("queue_error", "stall", "duplicate"),
     "queue.deliver": ("kill", "duplicate"),
+    # Schedules (gen_schedules; only seeds with schedules reach them): a claim that fails
+    # after it committed, reads that fail. A kill right after a claim is drawn apart
+    # (``processes``: ``schedules.claimed``).
+    "schedules.update": ("storage_error", "fail_after", "kill"),
+    "schedules.get": ("storage_error", "kill", "stall"),
+    "schedules.list": ("storage_error", "kill", "stall"),
 }
 
 DEFAULT_RATES = {

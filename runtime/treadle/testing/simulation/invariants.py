@@ -38,16 +38,22 @@ Checks that faults legitimately change (a killed owner may leave a
 a run that lost an owner while it was active (``RunOutcome.tainted``); overlap
 and at-most-once are then judged per pair of bodies (was the earlier one's
 owner gone when the later one started?). ``loop_held`` is raised by the runner.
+
+A child run (``gen_children``) is held to the same body and log checks; a fault on it
+shifts the child output its parent records as a fault on a run shifts the run's own:
+that value is then judged by the child's log (``_as_children_logged``).
 """
 
 from __future__ import annotations
 
+import collections
 import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
 from treadle import serde
 from treadle.sdk import functions
+from treadle.testing.simulation import gen_hookclaims
 from treadle.testing.simulation.loop import EPOCH
 from treadle.testing.simulation.workload import (
     BodyRun,
@@ -103,6 +109,9 @@ class RunOutcome:
     cut_at: float | None = None
     # Every delivery of the run's messages (start, settlement, process).
     delivery_runs: list[DeliveryRun] = field(default_factory=list)
+    # Child op id -> the child run it started (``gen_children``), judged as a run of its
+    # own (its body steps as its program): its faults shift what the parent records.
+    children: dict[str, RunOutcome] = field(default_factory=dict)
 
 
 def _vt(e: events.LoggedEvent) -> float:
@@ -138,6 +147,8 @@ def check(o: RunOutcome) -> list[Violation]:
     out += _check_bodies(o, race_ids)
     out += [Violation("lease_ignored", rid, text) for text in o.ignored_leases]
     out += _unstarted(o)[1]
+    for child in o.children.values():
+        out += _check_child(child)
     steps = len(outcomes_expected(o.program)) + len(race_ids)
     if o.deliveries > 80 + 6 * steps:
         out.append(Violation("deliveries", rid, f"{o.deliveries} deliveries for {steps} steps"))
@@ -173,7 +184,9 @@ def _check_output(o: RunOutcome, race_ids: set[str]) -> list[Violation]:
     if _conflicted_with_own_open_hook(o):
         return []  # a woken race_hook left its hook open (workload.may_conflict_with_own_hook)
     status, value = expected(o.program)
+    value = _as_children_logged(o, value)
     got: Any = serde.decode(rec.output) if rec.status == "completed" else None
+    got = gen_hookclaims.normalize(o.program, got)  # a force-claim victim's three outcomes
     got_err = rec.error.type if rec.error is not None else None
     if rec.status != status:
         out.append(
@@ -201,6 +214,62 @@ def _check_output(o: RunOutcome, race_ids: set[str]) -> list[Violation]:
                     )
                 )
     return out
+
+
+def _check_child(child: RunOutcome) -> list[Violation]:
+    """A child run held to the body invariants of a run (overlap, at most once, stale
+    and cancelled bodies, exhausted only after its body ran) and to the log checker; its
+    output is judged through its parent's (``_as_children_logged``)."""
+    out: list[Violation] = []
+    if child.record is not None:
+        out += [
+            Violation("log", child.run_id, p) for p in logcheck.problems(child.record, child.log)
+        ]
+    out += _check_bodies(child, set())
+    out += _unstarted(child)[1]
+    out += [Violation("lease_ignored", child.run_id, text) for text in child.ignored_leases]
+    return out
+
+
+def _as_children_logged(o: RunOutcome, value: Any) -> Any:
+    """The expected output, with the value of each child op whose child run a fault
+    shifted replaced by what that child's log records.
+
+    A fault on a child run shifts its steps' verdicts as it does a run's own (whose
+    output check is then skipped: ``tainted``, ``_burned_attempts``): a step's last
+    attempt whose delivery lost its lease before its outcome landed is failed by the
+    redelivery as ``StepAttemptsExhausted`` (the attempts the log records are spent; the
+    body ran, its verdict was lost with the lease: docs/recovery.md "What a lapse means
+    for the fence"), and a body a run-ahead or turbo stop ran twice moves a failing
+    step's verdicts on (sim seeds 35, 2123). The parent records the child's output, so
+    it is judged by the child's log: every step's logged outcome, in the body's order.
+    """
+    if not isinstance(value, list) or len(value) != len(o.program.ops):
+        return value
+    judged = list(value)
+    for i, op in enumerate(o.program.ops):
+        child = o.children.get(op.get("id", "")) if op["k"] == "child" else None
+        if child is None or op["mode"] == "forget" or op["fail"]:
+            continue
+        if child.tainted or _burned_attempts(child):
+            logged = _logged_outcomes(child)
+            if all(step["id"] in logged for step in op["body"]):
+                judged[i] = [logged[step["id"]] for step in op["body"]]
+    return judged
+
+
+def _logged_outcomes(o: RunOutcome) -> dict[str, str]:
+    """Op id -> ``ok:<id>`` or ``failed:<error type>``, as the run's log ended each step."""
+    ids = _op_ids(o.log)
+    found: dict[str, str] = {}
+    for e in o.log:
+        if e.type in events.STEP_OUTCOME_TYPES and e.correlation_id in ids:
+            op = ids[e.correlation_id]
+            err = getattr(e.event, "error", None)
+            found[op] = (
+                f"ok:{op}" if e.type == "step_completed" else f"failed:{err.type if err else None}"
+            )
+    return found
 
 
 def _burned_attempts(o: RunOutcome) -> set[str]:
@@ -253,6 +322,12 @@ def _check_bodies(o: RunOutcome, race_ids: set[str]) -> list[Violation]:
             else op.get("ops", []) or ([op["step"]] if op["k"] == "race" else [])
         ):
             retries[c["id"]] = c["r"]
+    logged_starts: dict[tuple[str, int], int] = collections.Counter(
+        (e.correlation_id or "", e.event.attempt)
+        for e in o.log
+        if isinstance(e.event, events.StepStarted)
+    )
+    ran_of = collections.Counter((b.step_id, b.attempt) for b in o.bodies)
     for step_id, runs in by_step.items():
         runs.sort(key=lambda b: b.started)
         op_id = runs[0].op_id
@@ -269,6 +344,15 @@ def _check_bodies(o: RunOutcome, race_ids: set[str]) -> list[Violation]:
             told = a.lease_lost_at()
             lapsed = told is not None and told <= b.started + 1e-6  # float rounding
             excused = lapsed or (o.tainted and _owner_lost(o, a, b.started))
+            # Spec 9's counted residual risk (``residuals``): a body run before its start
+            # committed, that start refused (a fence on an optimistic start), and another
+            # delivery's run of the same attempt on the start that did commit (seed 350).
+            excused = excused or (
+                a.attempt == b.attempt
+                and a.lease is not b.lease
+                and logged_starts.get((step_id, a.attempt), 0) < ran_of.get((step_id, a.attempt), 0)
+                and retries.get(op_id) != 0
+            )
             if (a.ended is None or a.ended > b.started) and not excused:
                 out.append(
                     Violation(
@@ -313,12 +397,28 @@ def _check_bodies(o: RunOutcome, race_ids: set[str]) -> list[Violation]:
                         f"in {b.process}, which did not die",
                     )
                 )
+    starts = collections.Counter(
+        e.correlation_id for e in o.log if isinstance(e.event, events.StepStarted)
+    )
+    ids = _op_ids(o.log)
     for e in o.log:
         err = getattr(e.event, "error", None)
         if e.type != "step_failed" or err is None or err.type != "StepAttemptsExhausted":
             continue
         runs = by_step.get(e.correlation_id or "", [])
         t = _vt(e)
+        allowed = retries.get(ids.get(e.correlation_id or "", ""))
+        if allowed is not None and starts[e.correlation_id] < allowed + 1:
+            # Whatever faults did: only the attempts the log records are spent (seed 003
+            # "next attempt would exceed maxRetries + 1"); an attempt lost is a real one.
+            out.append(
+                Violation(
+                    "exhausted_early",
+                    rid,
+                    f"step {ids[e.correlation_id or '']} (max_retries={allowed}) failed as "
+                    f"exhausted at slot {e.slot} after {starts[e.correlation_id]} start(s)",
+                )
+            )
         if o.owner_died:
             continue  # an owner died: exhausting the start it never ran is the rule
         if not runs:

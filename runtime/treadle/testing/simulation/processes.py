@@ -30,6 +30,7 @@ from treadle import clock, errors
 from treadle.client import Workflows
 from treadle.orchestrator.worker import Worker
 from treadle.testing.memory.consumer import current_delivery
+from treadle.testing.simulation import gen_streams
 from treadle.testing.simulation.workload import DeliveryRun, current_process
 
 log = logging.getLogger("treadle.testing.simulation")
@@ -41,6 +42,9 @@ Interference = Literal["proceed", "lose", "fail_after"]
 # the first load of a delivery whose lease lapsed before its handler ran still happen
 # (harmless; found_seeds.md "open"). Settling and sends of what it owes stay allowed.
 _STOPPED_POINTS = frozenset({"events.create", "events.create_batch"})
+# The share of won schedule claims a seed whose plan kills kills right after (its budget
+# allowing): the window a claim's last_run_id repairs (gen_schedules).
+CLAIM_KILL_SHARE = 0.1
 
 
 @dataclass
@@ -81,6 +85,10 @@ class Process:
         self.tasks: dict[asyncio.Task[Any], None] = {}  # ordered, unlike a set
         self.context = contextvars.copy_context()
         self.context.run(current_process.set, name)
+        # A process spawned from a dying delivery (a kill at its World call: ``on_kill``)
+        # must not inherit it: its tasks outside deliveries (the schedules' firing loop)
+        # would be taken for that delivery, told its lease lapsed (seed 30).
+        self.context.run(current_delivery.set, None)
         self.interceptor = ProcessInterceptor(self)
         self.world: Any = None
         self.worker: Worker | None = None
@@ -160,7 +168,18 @@ class ProcessInterceptor:
                 raise ProcessKilled(proc.name)
         sim = proc.sim
         now = asyncio.get_running_loop().time()
+        if point == "schedules.claimed":
+            # A scheduler dead between its claim and its run's start (gen_schedules): often
+            # enough to bite on a seed whose plan kills, from a stream of its own.
+            kills = sim.injector.plan.rates.get("kill", 0.0) > 0
+            drawn = kills and sim.claim_kills.random() < CLAIM_KILL_SHARE
+            if drawn and sim.injector.take("kill", point, None, proc.name, now):
+                sim.on_kill(proc)
+                raise ProcessKilled(proc.name)
+            return "proceed"
         kind = sim.injector.choose(point, run_id, proc.name, now)
+        if kind is None and self._fence_first_write(point, run_id, now):
+            kind = "fence"  # gen_streams.stream_fences: taken from the budget already
         if kind is None:
             return "proceed"
         if kind == "stall":
@@ -178,6 +197,23 @@ class ProcessInterceptor:
                 raise ProcessKilled(proc.name)
             return "proceed"
         return self._apply(kind, point, run_id, now)
+
+    def _fence_first_write(self, point: str, run_id: str | None, now: float) -> bool:
+        """A fence on the first write after ``run_created`` (turbo's ``run_started``, the
+        first step's start) of a run whose first step writes a stream, on a share of
+        them (``gen_streams.FENCE_SHARE``, a stream of its own): its early body's
+        chunks must then be refused (the run-ready barrier, the World's attempt rule)."""
+        sim = self.process.sim
+        if point not in ("events.create", "events.create_batch") or run_id is None:
+            return False
+        if run_id not in sim.stream_first or sim.injector.plan.rates.get("fence", 0.0) <= 0:
+            return False
+        if len(sim.backend.events_of(run_id)) != 1:
+            return False
+        sim.stream_first.discard(run_id)  # one draw per run
+        if sim.stream_fences.random() >= gen_streams.FENCE_SHARE:
+            return False
+        return bool(sim.injector.take("fence", point, run_id, self.process.name, now))
 
     def _check_lease(self, point: str) -> None:
         """Record a call a delivery makes although it knows its lease lapsed (F3)."""

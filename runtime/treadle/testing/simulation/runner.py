@@ -23,14 +23,27 @@ from typing import Any
 
 from treadle import clock, errors, settings
 from treadle.client import Workflows
-from treadle.orchestrator import runahead
+from treadle.orchestrator import runahead, warm
 from treadle.testing.memory.consumer import current_delivery
 from treadle.testing.simulation import (
+    collect,
     faults,
+    gen_attributes,
+    gen_children,
+    gen_hookclaims,
+    gen_limits,
+    gen_schedules,
+    gen_streams,
+    gen_timeouts,
     invariants,
     invariants8,
+    invariants_children,
+    invariants_limits,
+    invariants_schedules,
+    invariants_timeouts,
     loop,
     spec8,
+    warmsessions,
     workload,
     workload8,
 )
@@ -49,10 +62,22 @@ SETTINGS: dict[str, Any] = {
     "WORKFLOW_STEP_RETRY_DELAY_SECONDS": 0.5,
     "WORKFLOW_WAIT_CONTINUATION_MAX_DELAY_SECONDS": 120,
     "TREADLE_DEPLOYMENT_ID": "sim",
+    # No lint on a worker's start: it reads files in a real thread, whose completion
+    # would land at a wall-clock moment in virtual time (a seed must replay).
+    "TREADLE_LINT_ON_LOAD": False,
+    # No firing loop but on the seeds gen_schedules draws schedules for (``_main``): no
+    # extra World calls or timers change what the pinned seeds replay.
+    "TREADLE_SCHEDULES_ENABLED": False,
 }
 # The share of seeds drawn with run-ahead off (``Config.run_ahead`` None).
 RUN_AHEAD_OFF_SHARE = 0.25
 TUNING = contract.QueueTuning(lease_seconds=10.0, backoff_base_seconds=0.5, backoff_max_seconds=8.0)
+
+
+GENERATORS = (
+    "attributes", "children", "timeouts", "streams", "hook_claims", "limits", "schedules",
+    "stream_fences",
+)  # fmt: skip
 
 
 @dataclass
@@ -77,6 +102,23 @@ class Config:
     # WORKFLOW_RUN_AHEAD_DEPTH (issue 15 item 1); None: drawn from the seed (off for about
     # a quarter of the seeds, else the default), from its own stream.
     run_ahead: int | None = None
+    # TREADLE_WARM_RUNS (issue 15 item 5, ``warmsessions.draw``); None: drawn per seed.
+    warm: int | None = None
+    # The generators issue 17 added (``GENERATORS``: attributes, child workflows, timeouts,
+    # streams, hook force-claims, limits); None: all of them. () draws programs as seeds did
+    # before these existed, for a scenario pinned then (``--no-features``); a scenario
+    # pinned with one of them names just that one (``--generators children``).
+    generators: tuple[str, ...] | None = None
+
+    def generates(self, name: str) -> bool:
+        """Whether issue 17's generator ``name`` draws into this simulation's programs."""
+        assert name in GENERATORS, name
+        return self.generators is None or name in self.generators
+
+    # Child workflows drawn into spec 9 programs (``gen_children``, a stream of its own).
+    children: bool = True
+    # Generated hook force-claims (gen_hookclaims); off for a scenario pinned before them.
+    hook_claims: bool = True
 
     def run_ahead_depth(self, seed: int) -> int:
         if self.run_ahead is not None:
@@ -137,6 +179,11 @@ class Report:
     # run-ahead stop can run twice" (bodies_at_risk; counted and reported, never failed).
     run_ahead_depth: int = 0
     run_ahead: collections.Counter[str] = field(default_factory=collections.Counter)
+    # Warm sessions (``warmsessions``): the seed's settings and what its deliveries did.
+    warm_settings: dict[str, int] = field(default_factory=dict)
+    warm: collections.Counter[str] = field(default_factory=collections.Counter)
+    # Schedules (``gen_schedules``): runs fired, skipped, missed, claims killed...
+    schedules: collections.Counter[str] = field(default_factory=collections.Counter)
 
     @property
     def spec8_runs(self) -> int:
@@ -167,6 +214,14 @@ class Report:
             parts.append(f"--lease {c.ownership_lease:g}")
         if c.run_ahead is not None:
             parts.append(f"--run-ahead {c.run_ahead}")
+        if c.warm is not None:
+            parts.append(f"--warm {c.warm}")
+        if c.generators is not None:
+            parts.append(f"--generators '{','.join(c.generators)}'")
+        if not c.children:
+            parts.append("--no-children")
+        if not c.hook_claims:
+            parts.append("--no-hook-claims")
         return " ".join(parts)
 
 
@@ -194,6 +249,12 @@ class Simulation:
         self._background: set[asyncio.Task[Any]] = set()
         self.ignored_leases: list[IgnoredLease] = []
         self.spec8_runs: set[str] = set()
+        self.schedule_plan: gen_schedules.SchedulePlan | None = None
+        # Kills right after a schedule claim (``schedules.claimed``), a stream of its own.
+        self.claim_kills = random.Random(f"{seed}/schedules/kills")
+        # Runs whose first write may draw a fence (``gen_streams.FENCE_SHARE``).
+        self.stream_first: set[str] = set()
+        self.stream_fences = random.Random(f"{seed}/streams/fences")
         self.identity_rng = random.Random(f"{seed}/identity")
         self.restarts_in_place = 0
 
@@ -343,10 +404,24 @@ def simulate(seed: int, config: Config | None = None) -> Report:
     report.programs = spec8.programs(seed, config.shape, specs)
     # Sequential inline chains for run-ahead to run through, from their own stream.
     workload.add_chains(report.programs, random.Random(f"{seed}/chains"), specs)
+    if config.generates("attributes"):
+        gen_attributes.add_attributes(report.programs, random.Random(f"{seed}/attributes"), specs)
+    if config.children and config.generates("children"):
+        gen_children.add_children(report.programs, random.Random(f"{seed}/children"), specs)
+    if config.generates("timeouts"):  # step and run timeouts (issue 17 item 5)
+        gen_timeouts.add_timeouts(report.programs, random.Random(f"{seed}/timeouts"), specs)
+    if config.generates("streams"):
+        gen_streams.add_streams(report.programs, random.Random(f"{seed}/streams"))  # 17.6
+    if config.hook_claims and config.generates("hook_claims"):
+        gen_hookclaims.add_claims(report.programs, random.Random(f"{seed}/claims"), specs)
     report.run_ahead_depth = config.run_ahead_depth(seed)
+    report.warm_settings = warmsessions.draw(seed, config.warm)
     sim = Simulation(seed, config, plan)
     before = dataclasses.asdict(runahead.STATS)
     runahead.STATS.most_at_risk_in_a_stop = 0
+    warm_before, verify_before = warmsessions.stats(), warm.VERIFY
+    warm.VERIFY = warmsessions.verify
+    warmsessions.take_mismatches()
     t0 = time.monotonic()
     try:
         # A held loop abandons ``_main`` inside its ``clock.use``: this block puts the
@@ -362,6 +437,11 @@ def simulate(seed: int, config: Config | None = None) -> Report:
     except loop.LoopHeld as held:
         report.violations.append(invariants.Violation("loop_held", None, str(held)))
         outcomes = []
+    finally:
+        warm.VERIFY = verify_before
+    report.warm = warmsessions.delta(warm_before)
+    for run_id, what in warmsessions.take_mismatches():
+        report.violations.append(invariants.Violation("warm_mismatch", run_id, what))
     report.real_seconds = time.monotonic() - t0
     report.faults = sim.injector.counts
     _count_run_ahead(report, before)
@@ -380,10 +460,19 @@ def simulate(seed: int, config: Config | None = None) -> Report:
             report.spec8_notes.update(judged.notes)
         else:
             report.violations += invariants.check(o)
+            report.violations += invariants_timeouts.check(o)
             report.residuals.update(invariants.residuals(o))  # optimistic starts
+        report.violations += gen_attributes.check(o)
+        if sim.backend is not None:  # issue 17 item 6: what its streams stored
+            report.violations += gen_streams.violations(o, sim.backend)
         report.deliveries[o.run_id] = o.deliveries
         report.handoffs += o.handoffs
         report.trace.append(f"log {o.run_id} " + " ".join(f"{e.slot}:{e.type}" for e in o.log))
+    if sim.backend is not None:  # child workflows: the parents' children, as the World ends
+        family = invariants_children.check(outcomes, sim.backend)
+        report.violations += family.violations
+        report.trace += family.trace
+    report.violations += gen_hookclaims.check(outcomes)  # hook force-claims across runs
     report.trace += [
         f"fault {f.at:.6f} {f.kind} {f.point} {f.run_id} {f.process}" for f in sim.injector.log
     ]
@@ -425,12 +514,23 @@ async def _main(sim: Simulation, report: Report) -> list[invariants.RunOutcome]:
     with clock.use(loop.SimClock(ev_loop, random.Random(f"{sim.seed}/bytes"))):
         sim.backend = MemoryBackend(tuning=TUNING, rng=random.Random(f"{sim.seed}/queue"))
         client = MemoryWorld(sim.backend)
+        # Schedules (session 9): None on most seeds; the firing loop runs only with them.
+        plan = gen_schedules.draw(sim.seed) if sim.config.generates("schedules") else None
+        sim.schedule_plan = plan
         overrides = {
             **sim.config.settings(),
             "WORKFLOW_RUN_AHEAD_DEPTH": report.run_ahead_depth,
+            **report.warm_settings,
+            "TREADLE_SCHEDULES_ENABLED": plan is not None,
         }
         app = Workflows(world=client, worker=False, settings_=settings.load({}, **overrides))
         workload.build(app, sim.ledger, ev_loop.time)
+        # issue 17 item 4: None on most seeds, and with the issue 17 generators off
+        limit_plan = gen_limits.draw(sim.seed) if sim.config.generates("limits") else None
+        if limit_plan is not None:
+            gen_limits.build(app, limit_plan)
+        if plan is not None:
+            gen_schedules.build(app)
         starter = spec8.Starter(app, client, overrides)
         starter.register(lambda other: workload.build(other, sim.ledger, ev_loop.time))
         sim.app = app
@@ -443,63 +543,47 @@ async def _main(sim: Simulation, report: Report) -> list[invariants.RunOutcome]:
                 sim._keep(spec8.strike_owners(sim, kind))
         runs = []
         for program, spec in zip(report.programs, report.specs, strict=True):
-            run = await starter.start(spec, program.ops)
+            run = await starter.start(spec, program.ops, program.run_timeout)
             if spec < 9:
                 sim.spec8_runs.add(run.run_id)
             runs.append(run)
+            if sim.config.generates("stream_fences") and gen_streams.writes_first(program):
+                sim.stream_first.add(run.run_id)
             sim.started[run.run_id] = sim.now()
             sim._keep(sim.watch(run.run_id, client))
             for actor in program.actors:
                 sim._keep(sim.act(run, actor))
+            for token in gen_hookclaims.tokens_of(program):
+                sim._keep(gen_hookclaims.act(sim, run, token))
+        limited = None
+        if limit_plan is not None:
+            limited = await gen_limits.start(
+                app, limit_plan, lambda: clock.now_ms() / 1000, sim._keep,
+                lambda run_id: sim._keep(sim.watch(run_id, client)),
+            )  # fmt: skip
+        if plan is not None:
+            await gen_schedules.start(app, plan, sim._keep)
+        every = len(runs) + (len(limit_plan.runs) if limit_plan is not None else 0)
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(sim.config.horizon):
-                while len(sim.ended) < len(runs):  # noqa: ASYNC110 - virtual time
+                while len(sim.ended) < every:  # noqa: ASYNC110 - virtual time
                     await asyncio.sleep(5.0)
         await asyncio.sleep(30.0)  # late writes of the last deliveries land
+        await asyncio.sleep(gen_children.settle_seconds(report.programs))  # children end
+        if plan is not None:
+            await gen_schedules.until_quiet(sim.backend, plan)
         report.runs = len(runs)
         report.sim_seconds = sim.now()
         out = [
-            await _collect(sim, client, run.run_id, program)
+            await collect.run_outcome(sim, client, run.run_id, program)
             for run, program in zip(runs, report.programs, strict=True)
         ]
+        warmsessions.check_kept(sim.processes.values(), sim.backend)
+        if limited is not None:
+            recs = {h.run_id: await client.runs.get(h.run_id) for _, h in limited.started}
+            report.violations += invariants_limits.check(sim.backend, limited, recs)
+        report.violations += invariants_schedules.check(sim.backend, plan)
+        report.schedules.update(invariants_schedules.tally(sim.backend, plan, sim.injector))
         for proc in sim.processes.values():
             proc.kill(sim.now())
         return out
-
-
-async def _collect(
-    sim: Simulation, world: contract.World, run_id: str, program: workload.Program
-) -> invariants.RunOutcome:
-    rec = await world.runs.get(run_id)
-    start, end = sim.started.get(run_id, 0.0), sim.ended.get(run_id, float("inf"))
-    tainted = any(start <= t <= end and r in (None, run_id) for t, r in sim.ownership_lost)
-    stats = sim.backend.stats
-    per_run = getattr(stats, "per_run", {}).get(run_id)
-    return invariants.RunOutcome(
-        run_id=run_id,
-        program=program,
-        record=rec,
-        log=list(sim.backend.events_of(run_id)),
-        bodies=sim.ledger.of_run(run_id),
-        tainted=tainted,
-        cancelled_by_actor=run_id in sim.cancelled,
-        deliveries=int(getattr(per_run, "deliveries", 0)),
-        handoffs=int(getattr(per_run, "handoffs", 0)),
-        dead_processes={p.name for p in sim.processes.values() if p.dead},
-        killed_at={p.name: p.killed_at for p in sim.processes.values()},
-        stalls={p.name: list(p.stalls) for p in sim.processes.values()},
-        ignored_leases=[str(i) for i in sim.ignored_leases if i.run_id == run_id],
-        owner_died=any(
-            p.killed_at is not None and start <= p.killed_at <= end for p in sim.processes.values()
-        ),
-        spec_version=rec.spec_version,
-        ownership_lease=sim.config.ownership_lease,
-        faults_on_run=sum(
-            1
-            for f in sim.injector.log
-            if f.run_id == run_id or (f.run_id is None and start <= f.at <= end)
-        ),
-        messages_left=len(sim.backend.messages_of(run_id)),
-        cut_at=sim.now(),
-        delivery_runs=sim.ledger.deliveries_of(run_id),
-    )

@@ -95,9 +95,9 @@ class Starter:
         if self.app8 is not None:
             build(self.app8)
 
-    async def start(self, spec: int, ops: list[workload.Op]) -> Run:
+    async def start(self, spec: int, ops: list[workload.Op], timeout: float | None = None) -> Run:
         if spec != constants.SPEC_VERSION_LEGACY:
-            return await self.app.start("sim_program", ops)
+            return await self.app.start("sim_program", ops, timeout=timeout)
         if self.app8 is not None:
             return await self.app8.start("sim_program", ops)
         world = await self.app.world()

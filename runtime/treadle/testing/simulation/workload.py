@@ -30,6 +30,7 @@ from typing import Any
 
 from treadle import FatalError, Hook, RetryableError, StepFailed, Workflows, sleep, step_metadata
 from treadle.testing.memory.consumer import current_delivery
+from treadle.testing.simulation import gen_children, gen_hookclaims, gen_streams
 from treadle.testing.simulation.loop import MONOTONIC_ORIGIN
 
 Op = dict[str, Any]
@@ -114,6 +115,7 @@ class Actor:
 class Program:
     ops: list[Op]
     actors: list[Actor]
+    run_timeout: float | None = None  # ``gen_timeouts``: the run's run timeout
 
     def size(self) -> int:
         return sum(len(o.get("ops", [])) or 1 for o in self.ops) + len(self.actors)
@@ -256,6 +258,11 @@ def _step_result(op: Op) -> tuple[str, str | None]:
 
 def expected(program: Program) -> tuple[str, Any]:
     """(status, output or error type) a correct engine produces without faults or cancel."""
+    from treadle.testing.simulation import gen_timeouts
+
+    override = gen_timeouts.expected_override(program)
+    if override is not None:
+        return override
     out: list[Any] = []
     for op in program.ops:
         k = op["k"]
@@ -273,10 +280,16 @@ def expected(program: Program) -> tuple[str, Any]:
                     for c in op["ops"]
                 ]
             )
-        elif k in ("sleep", "race", "race_hook"):
+        elif (
+            k in ("sleep", "race", "race_hook", "attr") or k in gen_timeouts.KINDS
+        ):  # attr: gen_attributes
             out.append(None)
         elif k == "hook":
             out.append(_payload(op["token"], op["n"]))
+        elif k == "child":
+            out.append(gen_children.expected(op))
+        elif k in gen_hookclaims.KINDS:
+            out.append(gen_hookclaims.expected_output(op))
     return "completed", out
 
 
@@ -325,6 +338,12 @@ def payload_of(actor: Actor) -> dict[str, int]:
 
 def build(app: Workflows, ledger: Ledger, clock_now: Any) -> None:
     """Register ``sim_program`` and its steps (max_retries 0, 1, 3) on ``app``."""
+    from treadle.testing.simulation import (
+        gen_attributes,  # its ops (it imports this module)
+        gen_timeouts,
+    )
+
+    tsteps = gen_timeouts.build(app, ledger, clock_now)  # generated timeouts
 
     async def body(op: Op) -> str:
         md = step_metadata()
@@ -346,6 +365,15 @@ def build(app: Workflows, ledger: Ledger, clock_now: Any) -> None:
             entry.told_before_start = leased.lost.known_before(entry.started + MONOTONIC_ORIGIN)
         ledger.bodies.append(entry)
         try:
+            await gen_attributes.step_write(op)
+            # issue 17 item 6: its stream chunks, naming which run of this attempt's body
+            # wrote them (0: the first; a refused start's body may run it again).
+            again = sum(
+                1
+                for b in ledger.bodies
+                if (b.run_id, b.step_id, b.attempt) == (md.run_id, md.step_id, md.attempt)
+            )
+            await gen_streams.write(op, md.attempt, again - 1)
             if op["dur"]:
                 await asyncio.sleep(op["dur"])
             if ran < op["fail"]:
@@ -373,16 +401,23 @@ def build(app: Workflows, ledger: Ledger, clock_now: Any) -> None:
                 raise
             return f"failed:{exc.error_type}"
 
+    run_child = gen_children.build(app, call)  # child workflows
+
     async def sim_program(ops: list[Op]) -> list[Any]:
         out: list[Any] = []
         for op in ops:
             k = op["k"]
-            if k == "step":
+            if k == "child":
+                out.append(await run_child(op))
+            elif k == "step":
                 out.append(await call(op, op["catch"]))
             elif k == "gather":
                 out.append(list(await asyncio.gather(*(call(c, True) for c in op["ops"]))))
             elif k == "sleep":
                 await sleep(op["s"])
+                out.append(None)
+            elif k == "attr":
+                gen_attributes.workflow_write(op)
                 out.append(None)
             elif k == "hook":
                 got = await Payload.wait(token=op["token"])
@@ -402,6 +437,11 @@ def build(app: Workflows, ledger: Ledger, clock_now: Any) -> None:
                     return_when=asyncio.FIRST_COMPLETED,
                 )
                 out.append(None)
+            elif k in gen_timeouts.KINDS:
+                await gen_timeouts.call(tsteps, op)
+                out.append(None)
+            elif k in gen_hookclaims.KINDS:
+                out.append(await gen_hookclaims.run_op(op))
         return out
 
     app.workflow(name="sim_program")(sim_program)

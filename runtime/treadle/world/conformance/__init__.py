@@ -32,4 +32,9 @@ pytest.register_assert_rewrite(
     "treadle.world.conformance.changes",
     "treadle.world.conformance.storage_spec8",
     "treadle.world.conformance.queue_spec8",
+    "treadle.world.conformance.attributes",
+    "treadle.world.conformance.children",
+    "treadle.world.conformance.schedules",
+    "treadle.world.conformance.hook_claims",
+    "treadle.world.conformance.outcome_attempts",
 )

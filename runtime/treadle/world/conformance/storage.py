@@ -404,6 +404,9 @@ class StorageConformance:
                 wait_created("w9"),
                 hook_created("hook_9", unique("token")),
                 events.WakeRequested(),
+                events.ChildCreated(
+                    correlation_id="child_9", workflow_name="other", child_run_id=ids.new_run_id()
+                ),
             ]
             assert {e.type for e in refused} == events.REFUSED_ON_TERMINAL_RUN
             for event in refused:

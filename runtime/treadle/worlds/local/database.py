@@ -30,15 +30,16 @@ from pathlib import Path
 from typing import IO, TypeVar
 
 from treadle import errors
-from treadle.worlds.local import files
+from treadle.worlds.local import files, schedules_table
 from treadle.worlds.local.checkpoint import Checkpointer
 from treadle.worlds.local.groupcommit import GroupCommit
+from treadle.worlds.local.limitschema import SCHEMA as LIMITS_SCHEMA
 
 log = logging.getLogger("treadle.worlds.local")
 
 T = TypeVar("T")
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 11
 # Statements that bring a database at version N - 1 to version N.
 UPGRADES = {
     2: [
@@ -48,6 +49,48 @@ UPGRADES = {
     ],
     3: ["ALTER TABLE deployments ADD COLUMN catalogue TEXT"],
     4: ["ALTER TABLE deployments ADD COLUMN promoted INTEGER"],
+    # Searchable run attributes (issue 17 item 2, schema.sql's run_attributes), with the
+    # scalar attributes runs already hold (real numbers are not carried over).
+    5: [
+        "CREATE TABLE IF NOT EXISTS run_attributes (run_id TEXT NOT NULL, key TEXT NOT NULL, "
+        "value TEXT NOT NULL, PRIMARY KEY (run_id, key)) WITHOUT ROWID",
+        "CREATE INDEX IF NOT EXISTS run_attributes_by_value ON run_attributes (key, value, run_id)",
+        "INSERT OR REPLACE INTO run_attributes (run_id, key, value) SELECT r.run_id, j.key, "
+        "CASE j.type WHEN 'text' THEN json_quote(j.value) WHEN 'integer' THEN "
+        "CAST(j.value AS TEXT) ELSE j.type END FROM runs r, json_each(r.attributes) j "
+        "WHERE j.type IN ('text', 'integer', 'true', 'false', 'null') "
+        "AND coalesce(length(CAST(j.atom AS TEXT)), 0) <= 1000",
+    ],
+    # child workflows (docs/children.md): a child run's parent link
+    6: [
+        "ALTER TABLE runs ADD COLUMN parent_run_id TEXT",
+        "ALTER TABLE runs ADD COLUMN parent_correlation_id TEXT",
+    ],
+    # Issue 17 item 3: schedules (treadle.worlds.local.schedules).
+    7: [schedules_table.SCHEMA],
+    8: LIMITS_SCHEMA,  # concurrency and rate limits (``limits``)
+    9: [  # step heartbeats (issue 17 item 5)
+        "CREATE TABLE IF NOT EXISTS step_heartbeats (run_id TEXT NOT NULL, "
+        "step_id TEXT NOT NULL, attempt INTEGER NOT NULL, details TEXT, "
+        "beat_at INTEGER NOT NULL, PRIMARY KEY (run_id, step_id))"
+    ],
+    # Issue 17 item 6: streams (worlds/local/streams.py).
+    10: [
+        "CREATE TABLE IF NOT EXISTS streams (run_id TEXT NOT NULL, name TEXT NOT NULL, "
+        "count INTEGER NOT NULL, closed INTEGER NOT NULL, PRIMARY KEY (run_id, name)) "
+        "WITHOUT ROWID",
+        "CREATE TABLE IF NOT EXISTS stream_chunks (run_id TEXT NOT NULL, name TEXT NOT NULL, "
+        "idx INTEGER NOT NULL, step_id TEXT NOT NULL, attempt INTEGER NOT NULL, "
+        "seq INTEGER NOT NULL, data TEXT NOT NULL, created_at INTEGER NOT NULL, "
+        "PRIMARY KEY (run_id, name, idx)) WITHOUT ROWID",
+        "CREATE UNIQUE INDEX IF NOT EXISTS stream_chunks_by_attempt ON stream_chunks "
+        "(run_id, name, step_id, attempt, seq)",
+    ],
+    # Hook token retention (issue 17 item 8).
+    11: [
+        "CREATE TABLE IF NOT EXISTS hook_retention (token TEXT PRIMARY KEY, "
+        "retain_until INTEGER NOT NULL) WITHOUT ROWID"
+    ],
 }
 # "trdl": marks a SQLite file as a treadle local World.
 APPLICATION_ID = 0x7472646C

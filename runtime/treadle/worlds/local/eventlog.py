@@ -4,10 +4,10 @@ Each function here runs inside one SQLite transaction and decides, in this
 order: the run exists; the fence (an in-band write's ``expected_seq_in_band``
 against the run's ``seq_in_band``); the contract (counts present and sane);
 each event's own checks (a spec 9 event on an earlier run, terminal run, a second
-creation, ended step or a second outcome, a completed wait, live hook); then it
-allocates slots, inserts, folds the read views (run status, steps, hooks) and
-moves the counters. A refusal raises before anything is written, so it never
-leaves a hole.
+creation, ended step or a second outcome, an outcome of a superseded attempt, a
+completed wait, live hook); then it allocates slots, inserts, folds the read views
+(run status, steps, hooks) and moves the counters. A refusal raises before anything
+is written, so it never leaves a hole.
 
 ``repin`` moves a run's pin (``run_repinned`` folded into the run row).
 
@@ -25,7 +25,9 @@ from datetime import UTC, datetime, timedelta
 from pydantic import JsonValue
 
 from treadle import errors
+from treadle.world import attributes as run_attributes
 from treadle.world import constants, events, storagerules
+from treadle.worlds.local import hookclaims
 from treadle.worlds.local.database import now_us, transaction
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -81,6 +83,8 @@ class Appended:
     has_more: bool = False
     # Per batch item: the committed event or the refusal.
     items: list[events.LoggedEvent | errors.WorldError] = field(default_factory=list)
+    # Events written into other runs' logs (a force-claim's hook_disposed).
+    foreign: list[events.LoggedEvent] = field(default_factory=list)
 
 
 def _load_run(conn: sqlite3.Connection, run_id: str) -> _Run:
@@ -136,9 +140,28 @@ def _report(
     return [row_to_event(r) for r in rows[: constants.MAX_SKIPPED_SLOT_REPORT]], has_more
 
 
-def _admit(conn: sqlite3.Connection, run: _Run, event: events.Event) -> events.Event:
+def _write_foreign(
+    conn: sqlite3.Connection, run_id: str, event: events.Event, foreign: list[events.LoggedEvent]
+) -> events.LoggedEvent:
+    """An out-of-band write into another run's log in this transaction (a force-claim)."""
+    logged = _insert(
+        conn, _load_run(conn, run_id), event, in_band=False, created_at=now_us(),
+        idempotency_key=None,
+    )  # fmt: skip
+    foreign.append(logged)
+    return logged
+
+
+def _admit(
+    conn: sqlite3.Connection,
+    run: _Run,
+    event: events.Event,
+    foreign: list[events.LoggedEvent] | None = None,
+) -> events.Event:
     """Refuse an event its run cannot take; return what to store (a hook clash turns
-    into ``hook_conflict``)."""
+    into ``hook_conflict``; a force-claim's write into the holder's log joins ``foreign``)."""
+    if foreign is None:
+        foreign = []
     kind = event.type
     storagerules.check_event_write(run.run_id, event)
     storagerules.check_spec_event(run.run_id, run.spec_version, event)
@@ -148,17 +171,21 @@ def _admit(conn: sqlite3.Connection, run: _Run, event: events.Event) -> events.E
         raise errors.RunExpired(run.run_id, status=run.status, event_type=kind)
     if not isinstance(event, events.StepStarted):
         _check_creation(conn, run, event)
-    if isinstance(event, events.StepStarted | events.StepCompleted | events.StepFailed):
+    if isinstance(
+        event, events.StepStarted | events.StepCompleted | events.StepFailed | events.StepRetrying
+    ):
         # One outcome per step (DESIGN.md 10): a start or a second outcome after it is refused.
         # steps.attempt is the highest attempt started (step_created folds it to 0).
         row = conn.execute(
             "SELECT outcome_slot, attempt FROM steps WHERE run_id = ? AND step_id = ?",
             (run.run_id, event.correlation_id),
         ).fetchone()
-        if row is not None and row[0] is not None:
+        if row is not None and row[0] is not None and not isinstance(event, events.StepRetrying):
             raise errors.StepAlreadyEnded(
                 run.run_id, step_id=event.correlation_id, outcome_slot=row[0], event_type=kind
             )
+        # An outcome only from the latest started attempt (a superseded one's is stale).
+        storagerules.check_outcome_attempt(run.run_id, event, None if row is None else row[1])
         if isinstance(event, events.StepStarted):
             _check_creation(conn, run, event)
         if isinstance(event, events.StepStarted) and row is not None and event.attempt <= row[1]:
@@ -180,21 +207,18 @@ def _admit(conn: sqlite3.Connection, run: _Run, event: events.Event) -> events.E
                 run.run_id, wait_id=event.correlation_id, completed_slot=row[0]
             )
     elif isinstance(event, events.HookCreated):
-        holder = conn.execute("SELECT run_id FROM hooks WHERE token = ?", (event.token,)).fetchone()
-        if holder is not None:
-            return events.HookConflict(
-                correlation_id=event.correlation_id,
-                token=event.token,
-                holder_run_id=holder[0],
-                position=event.position,
-            )
+        return hookclaims.claim(
+            conn, run.run_id, event, now_us=now_us(),
+            write_foreign=lambda rid, e: _write_foreign(conn, rid, e, foreign),
+        )  # fmt: skip
     elif isinstance(event, events.HookReceived):
-        # Checked before the run's status: an ended run freed its hooks (HookNotFound).
+        # Checked before the run's status: an ended run freed its hooks (HookNotFound);
+        # a retained token's row outlives its run, but takes no payload.
         live = conn.execute(
             "SELECT 1 FROM hooks WHERE run_id = ? AND hook_id = ?",
             (run.run_id, event.correlation_id),
         ).fetchone()
-        if live is None:
+        if live is None or run.status in ("completed", "failed", "cancelled"):
             raise errors.HookNotFound(hook_id=event.correlation_id, run_id=run.run_id)
     return event
 
@@ -275,6 +299,7 @@ def _fold(conn: sqlite3.Connection, run: _Run, event: events.Event, *, slot: int
                 "json(?)) WHERE run_id = ?",
                 (key, dumps(value), rid),
             )
+            index_attributes(conn, rid, {key: value})
         case events.StepCreated(correlation_id=sid, step_name=name, inline=inline):
             conn.execute(
                 "INSERT OR IGNORE INTO steps (run_id, step_id, step_name, status, attempt, "
@@ -312,9 +337,10 @@ def _fold(conn: sqlite3.Connection, run: _Run, event: events.Event, *, slot: int
                 "VALUES (?, ?, ?, ?, ?)",
                 (token, rid, hid, at, dumps(metadata)),
             )
+            hookclaims.retain(conn, token, event.token_retention_until)
         case events.HookDisposed(correlation_id=hid) | events.HookReceived(correlation_id=hid):
             # A hook takes one payload: once it is recorded the token is free again.
-            conn.execute("DELETE FROM hooks WHERE run_id = ? AND hook_id = ?", (rid, hid))
+            hookclaims.release(conn, rid, hid)
         case _:
             pass
     conn.execute(
@@ -337,8 +363,8 @@ def _end_run(
         "UPDATE runs SET status = ?, output = ?, error = ?, completed_at = ? WHERE run_id = ?",
         (status, output, error, at, run.run_id),
     )
-    # A terminal event frees every hook the run still holds.
-    conn.execute("DELETE FROM hooks WHERE run_id = ?", (run.run_id,))
+    # A terminal event frees every hook the run still holds, but a retained token.
+    hookclaims.end_run(conn, run.run_id, at)
 
 
 def _end_step(
@@ -410,13 +436,16 @@ def append(
             ).fetchone()
             if row is not None:
                 return Appended(committed=[row_to_event(row)], allocated=0)
-        stored = _admit(conn, run, event)
+        foreign: list[events.LoggedEvent] = []
+        stored = _admit(conn, run, event, foreign)
         report, has_more = _report(conn, run, params.event_count if params.in_band else None)
         logged = _insert(
             conn, run, stored, in_band=params.in_band, created_at=params.created_at(),
             idempotency_key=idempotency_key,
         )  # fmt: skip
-        return Appended(committed=[logged], allocated=1, report=report, has_more=has_more)
+        return Appended(
+            committed=[logged], allocated=1, report=report, has_more=has_more, foreign=foreign
+        )
 
 
 def _check_batch(run_id: str, batch: Sequence[events.Event]) -> None:
@@ -484,6 +513,20 @@ def repin(
         return _insert(conn, run, event, in_band=False, created_at=now_us(), idempotency_key=None)
 
 
+def index_attributes(conn: sqlite3.Connection, run_id: str, values: dict[str, JsonValue]) -> None:
+    """Keep ``run_attributes`` (what ``runs.list(attributes=...)`` reads) in step: a
+    searchable value replaces the key's row, any other value removes it."""
+    for key, value in values.items():
+        text = run_attributes.canonical(value)
+        if text is None:
+            conn.execute("DELETE FROM run_attributes WHERE run_id = ? AND key = ?", (run_id, key))
+        else:
+            conn.execute(
+                "INSERT OR REPLACE INTO run_attributes (run_id, key, value) VALUES (?, ?, ?)",
+                (run_id, key, text),
+            )
+
+
 def create_run(
     conn: sqlite3.Connection,
     *,
@@ -493,6 +536,7 @@ def create_run(
     deployment_id: str,
     spec_version: int,
     attributes: dict[str, JsonValue],
+    parent: tuple[str | None, str | None] = (None, None),
 ) -> tuple[bool, events.LoggedEvent]:
     """Insert the run row and ``run_created`` at slot 1; converge on a retried create.
 
@@ -504,6 +548,8 @@ def create_run(
         deployment_id=deployment_id,
         spec_version=spec_version,
         attributes=attributes,
+        parent_run_id=parent[0],
+        parent_correlation_id=parent[1],
     )
     with transaction(conn):
         row = conn.execute(
@@ -527,8 +573,8 @@ def create_run(
         at = now_us()
         conn.execute(
             "INSERT INTO runs (run_id, workflow_name, deployment_id, spec_version, status, "
-            "input, attributes, seq, seq_in_band, created_at, updated_at) "
-            "VALUES (?, ?, ?, ?, 'pending', ?, ?, 1, ?, ?, ?)",
+            "input, attributes, seq, seq_in_band, created_at, updated_at, parent_run_id, "
+            "parent_correlation_id) VALUES (?, ?, ?, ?, 'pending', ?, ?, 1, ?, ?, ?, ?, ?)",
             (
                 run_id,
                 workflow_name,
@@ -539,6 +585,8 @@ def create_run(
                 constants.IN_BAND_SEQ_AT_RUN_CREATION,
                 at,
                 at,
+                parent[0],
+                parent[1],
             ),
         )
         conn.execute(
@@ -546,6 +594,7 @@ def create_run(
             "VALUES (?, 1, 'run_created', NULL, 1, ?, ?)",
             (run_id, at, created.model_dump_json()),
         )
+        index_attributes(conn, run_id, attributes)
         return True, events.LoggedEvent(
             run_id=run_id, slot=1, created_at=from_us(at), in_band=True, event=created
         )

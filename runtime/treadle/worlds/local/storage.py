@@ -17,6 +17,7 @@ from typing import cast
 from pydantic import JsonValue
 
 from treadle import errors
+from treadle.world import attributes as run_attributes
 from treadle.world import contract, events, ids, records, storagerules
 from treadle.worlds.local import eventlog
 from treadle.worlds.local.database import Database, now_us, transaction
@@ -25,7 +26,8 @@ from treadle.worlds.local.feed import Feed, Subscription
 
 _RUN_COLUMNS = (
     "run_id, workflow_name, status, deployment_id, spec_version, input, created_at, "
-    "updated_at, seq, seq_in_band, started_at, completed_at, output, error, attributes"
+    "updated_at, seq, seq_in_band, started_at, completed_at, output, error, attributes, "
+    "parent_run_id, parent_correlation_id"
 )
 _STEP_COLUMNS = (
     "run_id, step_id, step_name, status, attempt, inline, created_at, updated_at, "
@@ -62,6 +64,8 @@ def _run_record(row: tuple[object, ...]) -> records.RunRecord:
         output,
         error,
         attributes,
+        parent_run_id,
+        parent_cid,
     ) = row
     return records.RunRecord(
         run_id=str(run_id),
@@ -79,6 +83,8 @@ def _run_record(row: tuple[object, ...]) -> records.RunRecord:
         output=_opt_json(cast(str | None, output)),
         error=_opt_error(cast(str | None, error)),
         attributes=cast(dict[str, JsonValue], json.loads(cast(str, attributes))),
+        parent_run_id=cast(str | None, parent_run_id),
+        parent_correlation_id=cast(str | None, parent_cid),
     )
 
 
@@ -190,6 +196,8 @@ class LocalRuns:
         spec_version: int,
         run_id: str | None = None,
         attributes: Mapping[str, JsonValue] | None = None,
+        parent_run_id: str | None = None,
+        parent_correlation_id: str | None = None,
     ) -> records.RunRecord:
         storagerules.check_run_id(run_id)
         rid = run_id or ids.new_run_id()
@@ -202,6 +210,7 @@ class LocalRuns:
                 deployment_id=deployment_id,
                 spec_version=spec_version,
                 attributes=dict(attributes or {}),
+                parent=(parent_run_id, parent_correlation_id),
             )
         )
         if created:
@@ -236,9 +245,11 @@ class LocalRuns:
         deployment_id: str | None = None,
         limit: int = 100,
         cursor: str | None = None,
+        attributes: Mapping[str, JsonValue] | None = None,
     ) -> records.RunPage:
         if limit < 1:
             raise errors.WorldContractError(f"runs.list needs limit >= 1, got {limit}")
+        wanted = run_attributes.check_filter(attributes)
         where: list[str] = []
         params: list[object] = []
         for column, value in (
@@ -249,6 +260,12 @@ class LocalRuns:
             if value is not None:
                 where.append(f"{column} = ?")
                 params.append(value)
+        for key, wanted_value in (wanted or {}).items():
+            # run_attributes_by_value (key, value, run_id): one index range per filter.
+            where.append(
+                "run_id IN (SELECT run_id FROM run_attributes WHERE key = ? AND value = ?)"
+            )
+            params += [key, run_attributes.canonical(wanted_value)]
         if cursor is not None:
             created_s, _, last_id = cursor.partition(":")
             if not created_s.isdigit() or not last_id:
@@ -311,6 +328,8 @@ class LocalEvents:
         )  # fmt: skip
         if appended.allocated:
             self._feed.publish(run_id, appended.committed)
+        for foreign in appended.foreign:  # a force-claim's write into the holder's log
+            self._feed.publish(foreign.run_id, [foreign])
         return records.EventResult(
             event=appended.committed[0],
             allocated=appended.allocated,
@@ -422,13 +441,20 @@ class LocalHooks:
     async def get_by_token(self, token: str) -> records.HookRecord:
         def query(conn: sqlite3.Connection) -> tuple[object, ...] | None:
             row: tuple[object, ...] | None = conn.execute(
-                "SELECT token, run_id, hook_id, created_at, metadata FROM hooks WHERE token = ?",
+                "SELECT h.token, h.run_id, h.hook_id, h.created_at, h.metadata, t.retain_until, "
+                "r.status FROM hooks h JOIN runs r ON r.run_id = h.run_id "
+                "LEFT JOIN hook_retention t ON t.token = h.token WHERE h.token = ?",
                 (token,),
             ).fetchone()
             return row
 
         row = await self._db.call(query)
-        if row is None:
+        until = None if row is None or row[5] is None else from_us(cast(int, row[5]))
+        if row is None or storagerules.holder_expired(
+            run_ended=row[6] in ("completed", "failed", "cancelled"),
+            retained_until=until,
+            now=from_us(now_us()),
+        ):
             raise errors.HookNotFound(token)
         return records.HookRecord(
             token=str(row[0]),
@@ -436,6 +462,7 @@ class LocalHooks:
             hook_id=str(row[2]),
             created_at=from_us(cast(int, row[3])),
             metadata=_opt_json(cast(str | None, row[4])),
+            retained_until=until,
         )
 
 

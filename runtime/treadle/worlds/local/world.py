@@ -13,6 +13,10 @@ from treadle.world import contract, records
 from treadle.worlds.local import queue, storage
 from treadle.worlds.local.database import Database
 from treadle.worlds.local.feed import Feed
+from treadle.worlds.local.heartbeats import LocalHeartbeats
+from treadle.worlds.local.limits import LocalLimits
+from treadle.worlds.local.schedules import LocalSchedules
+from treadle.worlds.local.streams import LocalStreams
 
 CAPABILITIES = contract.Capabilities(
     in_band_fence=True, serializes_runs=True, coalesces=True, live_feed=True
@@ -40,9 +44,13 @@ class LocalWorld:
         self.steps: contract.Steps = storage.LocalSteps(db)
         self.hooks: contract.Hooks = storage.LocalHooks(db)
         self.deployments: contract.Deployments = storage.LocalDeployments(db)
+        self.heartbeats: contract.Heartbeats = LocalHeartbeats(db)  # step heartbeats
         self.local_queue = queue.LocalQueue(db, self.tuning)
         self.queue: contract.Queue = self.local_queue
         self.changes: contract.Changes = self.feed
+        self.schedules: contract.Schedules = LocalSchedules(db)  # issue 17 item 3
+        self.limits: contract.LimitStore = LocalLimits(db)
+        self.streams: contract.Streams = LocalStreams(db)  # issue 17 item 6
         return self
 
     async def _list_page(self, run_id: str, after_slot: int) -> records.EventPage:

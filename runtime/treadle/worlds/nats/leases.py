@@ -309,6 +309,20 @@ class RunLeases:
                 return
         raise _contended(key)
 
+    async def release_holder(self, key: str, message_id: str) -> None:
+        """Let the run go, if a delivery of ``message_id`` holds it (whatever its token).
+
+        Only for a dead worker's delivery that was listed before its token
+        (``liveness``): the caller knows no live delivery of that message can hold it.
+        """
+        for _ in range(_MAX_CAS_TRIES):
+            lease, revision = await self._read(key)
+            if lease is None or lease.holder != message_id:
+                return
+            if await self._delete(key, revision):
+                return
+        raise _contended(key)
+
 
 def _answer(waiter: asyncio.Future[bool], outcome: bool | BaseException) -> None:
     if waiter.done():

@@ -74,6 +74,10 @@ class Held:
     reply: str
     lease_key: str | None = None
     token: str | None = None
+    # The message id that takes the run lease (a gated delivery): listed from the
+    # first beat, so a worker killed before its token was listed (the first
+    # ``HELD_CHANGE_DELAY_SECONDS`` of a delivery) still has that lease released.
+    holder: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +101,7 @@ class Beat:
                 "liveness_ms": self.liveness_ms,
                 "state": self.state,
                 "beat_ms": clock.now_ms(),
-                "held": [[h.reply, h.lease_key, h.token] for h in self.held],
+                "held": [[h.reply, h.lease_key, h.token, h.holder] for h in self.held],
             }
         ).encode()
 
@@ -105,10 +109,7 @@ class Beat:
     def decode(cls, data: bytes) -> Beat | None:
         try:
             raw = json.loads(data)
-            held = tuple(
-                Held(str(r), None if k is None else str(k), None if t is None else str(t))
-                for r, k, t in raw.get("held", [])[:_MAX_HELD_LISTED]
-            )
+            held = tuple(_held(item) for item in raw.get("held", [])[:_MAX_HELD_LISTED])
             return cls(
                 worker=str(raw["worker"]),
                 incarnation=str(raw["incarnation"]),
@@ -119,6 +120,18 @@ class Beat:
             )
         except (ValueError, KeyError, TypeError):
             return None
+
+
+def _held(item: list[object]) -> Held:
+    """One listed delivery: ``[reply, lease_key, token]``, or with its holder too."""
+    reply, key, token, *rest = item
+    holder = rest[0] if rest else None
+    return Held(
+        str(reply),
+        None if key is None else str(key),
+        None if token is None else str(token),
+        None if holder is None else str(holder),
+    )
 
 
 @dataclass(slots=True)
@@ -214,7 +227,7 @@ class WorkerLiveness:
 
     def _beat(self) -> Beat:
         held = tuple(
-            Held(d.msg.reply, d.gate_key, d.token)
+            Held(d.msg.reply, d.gate_key, d.token, d.message_id if d.gate_key else None)
             for d in self._held.values()
             if d.msg.reply and not d.lease_lost.is_set()
         )
@@ -439,11 +452,16 @@ class WorkerLiveness:
             )
             return
         for h in held:
-            if h.lease_key is not None and h.token is not None:
-                try:
+            try:
+                if h.lease_key is not None and h.token is not None:
                     await self._leases.release(h.lease_key, h.token)
-                except Exception as exc:
-                    log.warning("run lease %s: release failed: %s", h.lease_key, exc)
+                elif h.lease_key is not None and h.holder is not None:
+                    # Listed before its token was: the lease, if that message took it, is
+                    # the dead delivery's (only our NAK below delivers the message again
+                    # within ``age``), so it goes by its holder.
+                    await self._leases.release_holder(h.lease_key, h.holder)
+            except Exception as exc:
+                log.warning("run lease %s: release failed: %s", h.lease_key, exc)
             if not h.reply.startswith(f"$JS.ACK.{self._ns.stream}."):
                 continue  # not one of this stream's acks: an entry never sends elsewhere
             try:

@@ -25,6 +25,8 @@ from treadle.worlds.postgres import sqlerrors
 from treadle.worlds.postgres.database import Database, Row
 
 APPEND_SQL = "SELECT * FROM treadle_append($1, $2::jsonb[], $3, $4, $5, $6, $7, $8, $9)"
+# A hook_created with ``force`` (migration 0012: the holder's disposal in the same statement).
+CLAIM_SQL = "SELECT * FROM treadle_append_claim($1, $2::jsonb[], $3, $4, $5, $6, $7, $8, $9)"
 # Out-of-band events.create calls of one run in one statement (migration 0011).
 GROUP_SQL = "SELECT * FROM treadle_append_group($1, $2::jsonb[])"
 # One more than the report holds: a full report plus one means has_more.
@@ -89,8 +91,9 @@ async def append(
     of the calls waiting for a connection (``Database.fetch_first``)."""
     _check_times(batch, params)
     payload = [item.model_dump_json() for item in batch]
+    forced = len(batch) == 1 and isinstance(batch[0], events.HookCreated) and batch[0].force
     result = await (db.fetch_first if first else db.fetch)(
-        APPEND_SQL,
+        CLAIM_SQL if forced else APPEND_SQL,
         run_id,
         payload,
         params.in_band,

@@ -28,9 +28,12 @@ Only out-of-band writes without an idempotency key and of no run-level event
 (``groupable``); every other write goes alone, as before. Grouped events are
 offered to this World's feed subscriptions like any own write (``Feed.publish``).
 
-Off unless ``TREADLE_DATABASE_GROUP_WRITES`` (``PostgresStorage.connect(group_writes=
-True)``): on a loaded 2-core machine the benchmark's 1,000-branch fan-out ended later
-with it on, though every write-level measurement is faster (docs/plans/perf-pg.md).
+On unless ``TREADLE_DATABASE_GROUP_WRITES=false`` (``PostgresStorage.connect(group_writes=
+False)``). Session 7 left it off: on a loaded 2-core machine the benchmark's 1,000-branch
+fan-out had ended later with it on (docs/plans/perf-pg.md). Measured again after run-ahead
+and the recovery work (2026-12-02, interleaved, load 17): the last branch of a 100-way
+fan-out started after 637 ms with it against 1,537 to 1,660 ms without, of 1,000 after
+4.0 to 5.1 s against 11.5 to 12.0 s; a lone write is never delayed by it.
 
 Called by ``storage.PostgresEvents``.
 """

@@ -21,7 +21,8 @@ from treadle.worlds.postgres.database import Row
 
 RUN_COLUMNS = (
     "run_id, workflow_name, status, deployment_id, spec_version, input, created_at, "
-    "updated_at, seq, seq_in_band, started_at, completed_at, output, error, attributes"
+    "updated_at, seq, seq_in_band, started_at, completed_at, output, error, attributes, "
+    "parent_run_id, parent_correlation_id"
 )
 STEP_COLUMNS = (
     "run_id, step_id, step_name, status, attempt, inline, created_at, updated_at, "
@@ -80,6 +81,9 @@ def run_record(row: Row, offset: int = 0) -> records.RunRecord:
         error,
         attributes,
     ) = (row[offset + i] for i in range(15))
+    # The parent link (child workflows) is read where the row has it (``RUN_COLUMNS``);
+    # treadle_create_run's answer leaves it out: ``PostgresRuns.create`` adds it.
+    parent = (row[offset + 15], row[offset + 16]) if len(row) >= offset + 17 else (None, None)
     return records.RunRecord(
         run_id=run_id,
         workflow_name=workflow,
@@ -96,6 +100,8 @@ def run_record(row: Row, offset: int = 0) -> records.RunRecord:
         output=opt_json(output),
         error=opt_error(error),
         attributes=cast(dict[str, JsonValue], json.loads(attributes)),
+        parent_run_id=parent[0],
+        parent_correlation_id=parent[1],
     )
 
 
@@ -141,4 +147,5 @@ def hook_record(row: Row) -> records.HookRecord:
         hook_id=row[2],
         created_at=row[3],
         metadata=opt_json(row[4]),
+        retained_until=row[5] if len(row) > 5 else None,
     )

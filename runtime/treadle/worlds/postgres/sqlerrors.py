@@ -2,7 +2,8 @@
 
 The append functions (``migrations/0001_init.sql``, ``0004_one_outcome.sql``,
 ``0006_stale_step_start.sql``, ``0008_deployment_rollout.sql``,
-``0010_spec8_one_creation.sql``, ``0011_grouped_appends.sql``) raise with
+``0010_spec8_one_creation.sql``, ``0011_grouped_appends.sql``,
+``0019_outcome_attempt.sql``) raise with
 SQLSTATEs of the class ``TRD`` and a JSON ``DETAIL`` carrying the error's
 attributes; batch item and grouped write refusals come back as rows with the
 same code and detail. ``world_error`` turns either into the
@@ -36,6 +37,7 @@ STALE_STEP_START = "TRD09"  # migration 0006
 DEPLOYMENT_RETIRED = "TRD10"  # migration 0008
 ENTITY_ALREADY_CREATED = "TRD11"  # migration 0010
 SPEC_EVENT_REFUSED = "TRD12"  # migration 0010: a spec 9 event on an earlier run
+STALE_STEP_OUTCOME = "TRD20"  # migration 0019: an outcome of a superseded attempt
 
 # SQLSTATE classes of a connection that is gone or refused (08, 53, 57) and of
 # functions or tables that do not exist (the schema is missing or behind).
@@ -89,6 +91,14 @@ def world_error(
             step_id=str(facts["step_id"]),
             attempt=int(facts["attempt"]),
             latest_attempt=int(facts["latest_attempt"]),
+        )
+    if code == STALE_STEP_OUTCOME:
+        return errors.StaleStepOutcome(
+            run_id,
+            step_id=str(facts["step_id"]),
+            attempt=int(facts["attempt"]),
+            latest_attempt=int(facts["latest_attempt"]),
+            event_type=str(facts.get("event_type", "step_completed")),
         )
     if code == WAIT_ALREADY_COMPLETED:
         return errors.WaitAlreadyCompleted(

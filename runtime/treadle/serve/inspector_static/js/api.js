@@ -75,9 +75,10 @@ export function query(params) {
 /**
  * Opens a server-sent event stream and calls onEvent(data) for each message
  * (data is the parsed {"run_id", "slot"}, null on a resync); onState follows
- * the connection. Returns a function that closes it.
+ * the connection; named: {eventName: handler(data)} for named events (a
+ * stream's "end"). Returns a function that closes it.
  */
-export function stream(path, onEvent, onState = () => {}) {
+export function stream(path, onEvent, onState = () => {}, named = {}) {
   const token = getToken();
   const url = token ? `${path}${path.includes("?") ? "&" : "?"}access_token=${encodeURIComponent(token)}` : path;
   const source = new EventSource(url);
@@ -85,15 +86,17 @@ export function stream(path, onEvent, onState = () => {}) {
   source.onerror = () => onState(source.readyState === EventSource.CLOSED ? "closed" : "reconnecting");
   // The list stream's "resync": the World cannot say what changed; re-read it all.
   source.addEventListener("resync", () => onEvent(null));
-  source.onmessage = (message) => {
-    let data = null;
+  const parsed = (message) => {
     try {
-      data = JSON.parse(message.data);
+      return JSON.parse(message.data);
     } catch {
-      data = null;
+      return null;
     }
-    onEvent(data);
   };
+  source.onmessage = (message) => onEvent(parsed(message));
+  for (const [name, handler] of Object.entries(named)) {
+    source.addEventListener(name, (message) => handler(parsed(message)));
+  }
   return () => source.close();
 }
 

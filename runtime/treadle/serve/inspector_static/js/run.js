@@ -1,6 +1,7 @@
 // One run's page ("/runs/<id>"): its facts, what it waits on, the Gantt of its
 // steps and waits, its input / output / error, the actions (actions.js: cancel,
-// wake, resume a hook, re-run) and its raw events on demand (events.js). /api/runs/<id>/stream tells it when
+// wake, resume a hook, re-run), its streams (streams.js: chunks read live on
+// demand) and its raw events on demand (events.js). /api/runs/<id>/stream tells it when
 // the log grew; it then re-reads the run and its timeline.
 
 import { mountActions } from "./actions.js";
@@ -8,7 +9,8 @@ import { ApiError, get, query, stream } from "./api.js";
 import { formatDuration, h, jsonText, pick, replace, statusBadge, timeNode, toDate } from "./dom.js";
 import { mountEvents } from "./events.js";
 import { countsOf, renderGantt } from "./gantt.js";
-import { loadDeployments, revisionOf, runDuration } from "./runs.js";
+import { loadDeployments, revisionOf, runDuration, runLink } from "./runs.js";
+import { mountStreams } from "./streams.js";
 
 const TERMINAL = new Set(["completed", "failed", "cancelled"]);
 
@@ -29,6 +31,7 @@ export function mountRun(main, ctx, runId) {
   const io = h("div", { class: "io" });
   const actions = readOnly ? null : mountActions({ runId, base, authFailed: ctx.authFailed, onDone: () => load() });
   const events = mountEvents({ base, authFailed: ctx.authFailed, isClosed: () => closed });
+  const streams = mountStreams({ base, authFailed: ctx.authFailed, isClosed: () => closed });
 
   // Everything but the title and the problem line waits for the first answer.
   const body = h("div", { class: "run-body", hidden: true },
@@ -37,7 +40,7 @@ export function mountRun(main, ctx, runId) {
       h("h2", { id: "timeline-title" }, "Timeline"), counts, chart),
     actions ? actions.node
       : h("p", { class: "muted read-only-note" }, "Read-only access: actions are not available."),
-    io, events.node);
+    io, streams.node, events.node);
   replace(main,
     h("p", { class: "crumbs" }, h("a", { href: "/", "data-nav": "" }, "← All runs")),
     title, problem, body);
@@ -62,6 +65,7 @@ export function mountRun(main, ctx, runId) {
     timeline = bars;
     await loadDeployments();
     if (!closed) render();
+    if (!closed) await streams.refresh();
   }
 
   function render() {
@@ -123,7 +127,21 @@ export function mountRun(main, ctx, runId) {
           ? h("pre", { class: "json" }, jsonText(pick(run, "output")))
           : h("p", { class: "muted" }, "Not finished yet.")),
       Object.keys(attributes).length ? h("section", { class: "card", "aria-labelledby": "attrs-title" },
-        h("h2", { id: "attrs-title" }, "Attributes"), h("pre", { class: "json" }, jsonText(attributes))) : null);
+        h("h2", { id: "attrs-title" }, "Attributes"), h("pre", { class: "json" }, jsonText(attributes))) : null,
+      renderTree());
+  }
+
+  // Child workflows: the parent link and the children (docs/children.md).
+  function renderTree() {
+    const parent = pick(run, "parent_run_id");
+    const children = pick(run, "children") || [];
+    if (!parent && !children.length) return null;
+    return h("section", { class: "card", "aria-labelledby": "tree-title" },
+      h("h2", { id: "tree-title" }, "Workflow tree"),
+      parent ? h("p", {}, "Parent: ", runLink(parent)) : null,
+      children.length ? h("ul", {}, children.map((c) => h("li", {},
+        runLink(c.run_id), ` ${c.workflow} · ${c.status}`,
+        c.on_parent_close === "abandon" ? " · abandon on parent close" : ""))) : null);
   }
 
   // ---- live updates ----
@@ -152,6 +170,7 @@ export function mountRun(main, ctx, runId) {
     clearTimeout(pending);
     clearInterval(ticker);
     closeStream();
+    streams.close();
   };
 }
 

@@ -50,6 +50,7 @@ export function mountRuns(main, ctx, params) {
     workflow: params.get("workflow") || "",
     q: params.get("q") || "",
     deployment: params.get("deployment") || "",
+    attributes: params.get("attributes") || "",
   };
   // ?limit=N in the page's URL sets the page size (kept in the URL with the filters).
   const limit = Math.min(Math.max(parseInt(params.get("limit"), 10) || PAGE_SIZE, 1), 500);
@@ -70,11 +71,17 @@ export function mountRuns(main, ctx, params) {
     h("option", { value: "" }, "any"));
   const searchInput = h("input", { id: "f-q", name: "q", type: "search", value: filters.q,
     placeholder: "run id, workflow, deployment" });
+  // Attributes (docs/attributes.md): "plan=pro stage=active", each value JSON when it
+  // parses, else a string; sent as the API's attributes= JSON object (ANDed).
+  const attributesInput = h("input", { id: "f-attributes", name: "attributes", type: "text",
+    value: attributesText(filters.attributes), placeholder: "key=value ...", autocomplete: "off" });
   const form = h("form", { class: "filters", role: "search", "aria-label": "Filter runs" },
     h("div", { class: "field" }, h("label", { for: "f-status" }, "Status"), statusSelect),
     h("div", { class: "field" }, h("label", { for: "f-workflow" }, "Workflow"), workflowInput,
       workflowNames),
     h("div", { class: "field" }, h("label", { for: "f-deployment" }, "Revision"), deploymentSelect),
+    h("div", { class: "field" }, h("label", { for: "f-attributes" }, "Attributes"),
+      attributesInput),
     h("div", { class: "field grow" }, h("label", { for: "f-q" }, "Search"), searchInput),
     h("button", { type: "submit" }, "Apply"));
   const message = h("p", { class: "muted", role: "status", "aria-live": "polite" });
@@ -97,6 +104,7 @@ export function mountRuns(main, ctx, params) {
     filters.workflow = workflowInput.value.trim();
     filters.q = searchInput.value.trim();
     filters.deployment = deploymentSelect.value;
+    filters.attributes = attributesJson(attributesInput.value);
     cursors.length = 1;
     history.replaceState(null, "", `/${query(filters)}`);
     load();
@@ -134,7 +142,8 @@ export function mountRuns(main, ctx, params) {
     prev.disabled = cursors.length <= 1;
     next.disabled = !nextCursor;
     message.className = "muted";
-    const filtered = filters.status || filters.workflow || filters.q || filters.deployment;
+    const filtered = filters.status || filters.workflow || filters.q || filters.deployment ||
+      filters.attributes;
     pageInfo.textContent = cursors.length > 1 || nextCursor ? `Page ${cursors.length}` : "";
     message.textContent = runs.length ? "" : filtered ? "No runs match these filters." : "No runs yet.";
     replace(body, runs.map(renderRow));
@@ -181,4 +190,44 @@ export function mountRuns(main, ctx, params) {
     clearTimeout(pending);
     closeStream();
   };
+}
+
+/** "plan=pro n=3" as the API's attributes= JSON ("" for none). */
+export function attributesJson(text) {
+  const out = {};
+  for (const pair of text.trim().split(/\s+/).filter(Boolean)) {
+    const at = pair.indexOf("=");
+    if (at < 1) continue;
+    const raw = pair.slice(at + 1);
+    let value = raw;
+    try {
+      const parsed = JSON.parse(raw);
+      if (parsed === null || typeof parsed !== "object") value = parsed;
+    } catch (err) {
+      value = raw;
+    }
+    out[pair.slice(0, at)] = value;
+  }
+  return Object.keys(out).length ? JSON.stringify(out) : "";
+}
+
+/** The attributes= JSON of a page URL back as "key=value ..." for the input. */
+function attributesText(json) {
+  if (!json) return "";
+  try {
+    return Object.entries(JSON.parse(json))
+      .map(([k, v]) => `${k}=${typeof v === "string" && !isScalarJson(v) ? v : JSON.stringify(v)}`)
+      .join(" ");
+  } catch (err) {
+    return "";
+  }
+}
+
+function isScalarJson(text) {
+  try {
+    const parsed = JSON.parse(text);
+    return parsed === null || typeof parsed !== "object";
+  } catch (err) {
+    return false;
+  }
 }
