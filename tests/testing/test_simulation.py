@@ -389,6 +389,15 @@ PINNED_GENERATORS: list[tuple[int, str, tuple[str, ...], str]] = [
         "read back failed too; the redelivery failed it as exhausted, never run: "
         "exhausted_unrun",
     ),
+    (
+        598,
+        "fence=0.006,kill=0.004,lapse=0.003,lost_wake=0.002,queue_error=0.01,stall=0.003,"
+        "storage_error=0.005,budget=8",
+        ("--optimistic", "default", "--spec", "mixed"),
+        "a parent's delivery stalled in a child's runs.create past its lease, then reported "
+        "the child's outcome into its log (children.create, seed 411's fresh twin): "
+        "lease_ignored",
+    ),
 ]
 
 

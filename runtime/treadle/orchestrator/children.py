@@ -69,9 +69,11 @@ async def create(session: RunSession, new: Sequence[operations.Operation]) -> No
     for call in calls:
         await session.write(creation(call))
     for call in calls:
+        if session.stale():
+            return  # the lease lapsed mid-way: the redelivery's ensure_open does the rest
         child = session.state.children.children.get(call.correlation_id)
         if child is not None:
-            await ensure(session.rt.world, session.state, child, fresh=True)
+            await ensure(session.rt.world, session.state, child, fresh=True, stale=session.stale)
 
 
 async def before_end(session: RunSession, outcome: engine.Outcome) -> None:
@@ -118,6 +120,8 @@ async def ensure(
         # The parent may have been cancelled while the child was being created: a
         # cancel that listed the children before the child existed missed it.
         parent = await world.runs.get(state.run_id)
+        if stale():
+            return
         if parent.is_terminal and child.on_parent_close == "cancel":
             await cancel_child(world, child, f"parent run {state.run_id} is {parent.status}")
 

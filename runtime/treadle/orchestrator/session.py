@@ -407,8 +407,12 @@ class RunSession:
         with contextlib.suppress(errors.RunExpired):
             await self.write(event)
 
+    def stale(self) -> bool:
+        """The queue told this delivery its lease lapsed: it writes nothing more (F3)."""
+        return self.lease_lost is not None and self.lease_lost.is_set()
+
     async def fail_out_of_band(self, error: events.ErrorInfo) -> None:
-        if self.lease_lost is not None and self.lease_lost.is_set():
+        if self.stale():
             raise LeaseLost(f"run {self.run_id}: the delivery lost its lease; nothing is written")
         with contextlib.suppress(errors.RunExpired):
             await self.rt.world.events.create(
