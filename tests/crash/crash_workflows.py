@@ -2,8 +2,10 @@
 
 Each step appends a line to the file named by ``TREADLE_TEST_EFFECTS`` (its
 side effect, which the test counts) and, on its first attempt, hangs so the
-test can kill the worker inside the body; with ``TREADLE_TEST_GATE`` set, a later
-attempt waits until that file exists. With ``TREADLE_TEST_KILL_BEFORE_SEND``
+test can kill the worker inside the body (with ``TREADLE_TEST_FIRST_GATE`` set, until
+that file exists: a body the test stops and resumes, ending when the test says, never
+racing the test's own checks); with ``TREADLE_TEST_GATE`` set, a later attempt waits
+until that file exists. With ``TREADLE_TEST_KILL_BEFORE_SEND``
 set, the worker kills itself with SIGKILL the first time it is about to send a
 step's message, which is right after that step's ``step_created`` committed.
 """
@@ -35,7 +37,11 @@ async def _body(name: str) -> str:
     with Path(os.environ["TREADLE_TEST_EFFECTS"] + ".pids").open("a") as pids:
         pids.write(f"{name} {attempt} {os.getpid()}\n")
     record(f"{name} start {attempt}")
-    if attempt == 1 and os.environ.get("TREADLE_TEST_HANG_FIRST_ATTEMPT"):
+    first_gate = os.environ.get("TREADLE_TEST_FIRST_GATE")
+    if attempt == 1 and first_gate:
+        while not Path(first_gate).exists():  # noqa: ASYNC110 - a file
+            await asyncio.sleep(0.02)  # the test's file: nothing else to await
+    elif attempt == 1 and os.environ.get("TREADLE_TEST_HANG_FIRST_ATTEMPT"):
         await asyncio.sleep(float(os.environ.get("TREADLE_TEST_HANG_SECONDS", "3600")))
     gate = os.environ.get("TREADLE_TEST_GATE")
     while attempt > 1 and gate and not Path(gate).exists():  # noqa: ASYNC110 - a file

@@ -233,8 +233,9 @@ def test_sigstop_past_the_lease_then_sigcont_is_fenced(
     )
     try:
         run_id = _start(cluster, "one_step", "p")
+        first_gate = tmp_path / "first-gate"  # attempt 1 ends when the test says, not on a clock
         workers = cluster.start_workers(
-            TREADLE_TEST_HANG_FIRST_ATTEMPT="1", TREADLE_TEST_HANG_SECONDS="4"
+            TREADLE_TEST_HANG_FIRST_ATTEMPT="1", TREADLE_TEST_FIRST_GATE=str(first_gate)
         )
         cluster.wait_for_line("p start 1", workers[0])
         cluster.wait_for_start(run_id, 1)
@@ -243,9 +244,12 @@ def test_sigstop_past_the_lease_then_sigcont_is_fenced(
         run = cluster.wait_for_run(run_id, timeout=60)
         assert run["status"] == "completed", run
         assert run["output"] == "p:2"
+        first_gate.touch()
         os.kill(stalled.pid, signal.SIGCONT)
         cluster.wait_for_line("p done 1", stalled, timeout=30)
-        time.sleep(1.0)  # the resumed worker's refused write: asserting nothing more lands
+        # The resumed worker finds its delivery's lease lost and writes nothing: once it
+        # says so, nothing more of it can land.
+        cluster.wait_for_log(("lost its lease",), stalled)
         timeline = json.loads(cluster.cli("inspect", run_id, "--json"))
         types = [event["type"] for event in timeline["events"]]
         assert types.count("step_completed") == 1

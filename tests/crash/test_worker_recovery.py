@@ -193,18 +193,22 @@ def test_a_stalled_worker_finds_its_deliveries_lost_and_writes_no_late_outcome(
     (held at a gate); the stalled worker resumes, its body ends, and its outcome is not
     written: the run's output is attempt 2's."""
     w = nats_workers
-    gate = w.tmp / "gate"
+    gate, first_gate = w.tmp / "gate", w.tmp / "first-gate"
     inline = {"WORKFLOW_MAX_INLINE_STEPS": "3", "TREADLE_WORKER_LIVENESS_SECONDS": "2"}
     run_id = _start(w, "t")
+    # Attempt 1 holds until the test opens its gate: a fixed hang (it was 3 s) could end
+    # before a loaded machine's checks below saw it listed (CI: "never listed a delivery").
     stalled = w.start_named(
-        "pod-a", TREADLE_TEST_HANG_FIRST_ATTEMPT="1", TREADLE_TEST_HANG_SECONDS="3", **inline
-    )
+        "pod-a", TREADLE_TEST_HANG_FIRST_ATTEMPT="1", TREADLE_TEST_FIRST_GATE=str(first_gate),
+        **inline,
+    )  # fmt: skip
     w.wait_for_line("t start 1", stalled)
     w.wait_for_start(run_id, 1)
     _wait_listed(w, "pod-a")
     os.kill(stalled.pid, signal.SIGSTOP)
     survivor = w.start_named("pod-b", TREADLE_TEST_GATE=str(gate), **inline)
     w.wait_for_line("t start 2", survivor, timeout=BOUND)
+    first_gate.touch()  # attempt 1's body ends as soon as its worker runs again
     os.kill(stalled.pid, signal.SIGCONT)
     w.wait_for_line("t done 1", stalled, timeout=BOUND)  # its body ran to its end
     w.wait_for_log(stalled, "lost its lease")

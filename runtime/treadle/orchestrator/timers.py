@@ -45,6 +45,12 @@ def near_due_key(correlation_id: str, resume_at_ms: int, now_ms: int) -> str:
     return f"wait:{correlation_id}:{resume_at_ms}:s{now_ms // 1000}"
 
 
+def is_near_due_key(key: str | None) -> bool:
+    """Whether ``key`` is a ``near_due_key`` (ends ``:s`` and a second; a hop key ends in
+    its hop's milliseconds, a re-arm's in ``:a`` and an attempt)."""
+    return key is not None and key.rpartition(":")[2].startswith("s")
+
+
 @dataclass(frozen=True)
 class Hop:
     hop_at_ms: int
