@@ -14,7 +14,9 @@ loop is idle and the walk has nothing left, ``advance`` returns:
 - ``Ended``: the walk reached a terminal run event (a cancel, say).
 
 State is incremental: each fed event is indexed once and walked once, so the
-cost of a step does not grow with the log.
+cost of a step does not grow with the log. Indexing reads the creation an event
+records (``replay.creations``); walking resolves the operation a result settles
+(``replay.results``).
 """
 
 from __future__ import annotations
@@ -31,8 +33,8 @@ from typing import Any
 
 from pydantic import JsonValue
 
-from treadle import errors, hooktokens, serde
-from treadle.replay import children, operations
+from treadle import errors, hooktokens
+from treadle.replay import children, creations, operations, results
 from treadle.replay.loop import DurableTimer, WorkflowLoop
 from treadle.world import constants, events, ids
 
@@ -82,69 +84,6 @@ class Ended:
 Outcome = Completed | Failed | Suspended | Diverged | Ended
 
 
-@dataclass(frozen=True)
-class _Recorded:
-    """A creation event, indexed by position."""
-
-    kind: operations.Kind
-    name: str
-    correlation_id: str
-    slot: int
-
-    def describe(self) -> str:
-        if self.kind == "attr":
-            return f"attribute {self.name!r}"
-        if self.kind == "child":
-            return f"child workflow {self.name}"
-        return (
-            f"step {self.name}"
-            if self.kind == "step"
-            else (f"hook {self.name!r}" if self.kind == "hook" else "a sleep")
-        )
-
-
-def _name(op: operations.Operation) -> str:
-    if isinstance(op, operations.StepCall):
-        return op.step_name
-    if isinstance(op, operations.HookWait):
-        return op.token
-    if isinstance(op, operations.AttrWrite):
-        return op.key
-    if isinstance(op, operations.ChildCall):
-        return op.workflow_name
-    return ""
-
-
-def _settle(future: asyncio.Future[Any], data: JsonValue, path: str) -> None:
-    """Resolve ``future`` with the decoded value; a value that cannot be decoded (a class
-    the app does not declare) is raised where the workflow awaits it, on every replay."""
-    try:
-        value = serde.decode(data, path)
-    except errors.SerializationError as exc:
-        future.set_exception(exc)
-        return
-    future.set_result(value)
-
-
-def _creation(event: events.Event) -> tuple[operations.Kind, str] | None:
-    match event:
-        case events.StepCreated(step_name=name, position=p) if p is not None:
-            return "step", name
-        case events.StepStarted(step_name=name, position=p) if p is not None:
-            return "step", name
-        case events.WaitCreated(position=p) if p is not None:
-            return "wait", ""
-        case events.HookCreated(token=token, position=p) if p is not None:
-            return "hook", token
-        case events.HookConflict(token=token, position=p) if p is not None:
-            return "hook", token
-        case events.AttrSet(key=key, position=p) if p is not None:
-            return "attr", key
-        case events.ChildCreated(workflow_name=name, position=p) if p is not None:
-            return "child", name
-    return None
-
-
 class Replay:
     """One replay of one run's workflow, fed its log incrementally."""
 
@@ -178,7 +117,7 @@ class Replay:
         self.log_tail = 0  # the highest slot fed
         self._fed: list[events.LoggedEvent] = []
         self._walked = 0
-        self._recorded: dict[int, _Recorded] = {}
+        self._recorded: dict[int, creations.Recorded] = {}
         self._max_recorded = -1
         self._disposed: set[str] = set()
         self._outcomes: dict[str, events.Event] = {}
@@ -219,18 +158,18 @@ class Replay:
             )
         self.log_tail = event.slot
         self._fed.append(event)
-        creation = _creation(event.event)
+        creation = creations.creation(event.event)
         if creation is not None:
             position = getattr(event.event, "position", None)
             assert isinstance(position, int)
             cid = event.event.correlation_id
             assert cid is not None
             if position not in self._recorded:
-                recorded = _Recorded(creation[0], creation[1], cid, event.slot)
+                recorded = creations.Recorded(creation[0], creation[1], cid, event.slot)
                 self._recorded[position] = recorded
                 self._max_recorded = max(self._max_recorded, position)
                 reached = self._ops_by_position.get(position)
-                if reached is not None and (reached.kind, _name(reached)) != creation:
+                if reached is not None and (reached.kind, creations.name_of(reached)) != creation:
                     # Another writer recorded something else where the code already is.
                     self.divergence = Diverged(position, recorded.describe(), reached.describe())
             op = self._new.pop(cid, None) or self.pending_attributes.pop(cid, None)
@@ -309,37 +248,7 @@ class Replay:
             if isinstance(event, events.WaitCompleted):
                 self.timed_out = errors.RunTimedOut(self.run_id, seconds=op.seconds)
             return
-        if isinstance(op, operations.StepCall):
-            if op.future.done():
-                return
-            if isinstance(event, events.StepCompleted):
-                _settle(op.future, event.result, f"step {op.step_name} result")
-            elif isinstance(event, events.StepFailed):
-                op.future.set_exception(
-                    errors.StepFailed(
-                        event.step_name,
-                        event.error.message,
-                        error_type=event.error.type,
-                        code=event.error.code,
-                    )
-                )
-        elif isinstance(op, operations.Sleep):
-            if isinstance(event, events.WaitCompleted) and op.timer is not None:
-                op.timer.fire()
-        elif isinstance(op, operations.ChildCall):
-            children.resolve(op, event)
-        elif isinstance(op, operations.HookWait) and not op.future.done():
-            if isinstance(event, events.HookReceived):
-                _settle(op.future, event.payload, f"hook {op.token!r} payload")
-            elif isinstance(event, events.HookConflict):
-                op.future.set_exception(
-                    errors.HookConflictError(op.token, holder_run_id=event.holder_run_id)
-                )
-            elif isinstance(event, events.HookDisposed) and event.force_claimed_by:
-                # Another run force-claimed the token (seed 003 "Force-claim").
-                op.future.set_exception(
-                    errors.HookForceClaimedError(op.token, claimed_by=event.force_claimed_by)
-                )
+        results.resolve(op, event)
 
     # -- driving ---------------------------------------------------------------
 

@@ -7,7 +7,8 @@ Modules, imported as modules (``from treadle.world import events``):
 - ``events``: the event models, a discriminated union on ``type``.
 - ``messages``: queue message models and handler results.
 - ``records``: what the read views return (runs, steps, hooks, pages).
-- ``contract``: the typed Protocols a World implements.
+- ``contract``: the typed Protocols a World implements (re-exporting those of
+  ``contract_queue``, the queue's, and ``contract_stores``, the optional stores).
 - ``routing``: pure functions deciding how a message is gated.
 - ``conformance``: the test suite every World must pass (imports pytest).
 """

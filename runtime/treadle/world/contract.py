@@ -2,6 +2,11 @@
 and queue. Every World implements ``World``; ``treadle.world.conformance``
 checks the behaviour described here against any implementation.
 
+This module holds the storage side, the changes feed, streams and ``World``; the
+queue's Protocols are in ``contract_queue`` and the optional World-wide stores
+(schedules, limits, heartbeats) in ``contract_stores``. Every name of those two is
+re-exported here, so callers write ``contract.Queue`` or ``contract.Schedules``.
+
 Storage rules (DESIGN.md 3.1, seed 003 "Implementing spec 9 in a World"):
 
 - ``runs.create`` writes ``run_created`` at slot 1; a new run holds
@@ -90,9 +95,10 @@ side", "Sleeps and timers, spec 8 against spec 9"):
   run is a ``WorldContractError`` naming the run and its version ("a spec 8 run never
   receives a spec 9 event"), decided before anything else, nothing written.
 
-Queue rules (DESIGN.md 3.2, seed 003 "Spec 9 queue rules"): see ``Queue``. A spec 8
-orchestrator message (stamped below 9; ``routing.gated_run_id``) is never gated or
-coalesced: it runs beside any other message of its run, each its own delivery.
+Queue rules (DESIGN.md 3.2, seed 003 "Spec 9 queue rules"): see ``Queue``
+(``contract_queue``). A spec 8 orchestrator message (stamped below 9;
+``routing.gated_run_id``) is never gated or coalesced: it runs beside any other message
+of its run, each its own delivery.
 
 Where treadle deviates from the seed: the seed's queue treats an UNSTAMPED orchestrator
 message as spec 8 (never gated). treadle's ``routing.gated_run_id`` gates an unstamped
@@ -108,21 +114,26 @@ World-wide changes (``Changes``, for watchers such as the operator): see
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Protocol, TypeAlias, runtime_checkable
+from typing import Protocol, TypeAlias
 
 from pydantic import JsonValue
 
-from treadle.world import events, limitrules, messages, records
+from treadle.world import events, records
+from treadle.world.contract_queue import Consumer as Consumer
+from treadle.world.contract_queue import DeadLetters as DeadLetters
+from treadle.world.contract_queue import Handler as Handler
+from treadle.world.contract_queue import Queue as Queue
+from treadle.world.contract_queue import QueueTuning as QueueTuning
+from treadle.world.contract_stores import Heartbeats as Heartbeats
+from treadle.world.contract_stores import LimitStore as LimitStore
+from treadle.world.contract_stores import Schedules as Schedules
+from treadle.world.contract_stores import heartbeats_of as heartbeats_of
 
 EventCallback: TypeAlias = Callable[[events.LoggedEvent], None]
 ErrorCallback: TypeAlias = Callable[[BaseException], None]
-Handler: TypeAlias = Callable[
-    [messages.OrchestratorMessage | messages.StepMessage, messages.DeliveryMeta],
-    Awaitable[messages.HandlerResult],
-]
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,37 +145,6 @@ class Capabilities:
     coalesces: bool
     # events.subscribe pushes committed events.
     live_feed: bool
-
-
-@dataclass(frozen=True, slots=True)
-class QueueTuning:
-    """Queue timings a World is opened with; tests shorten them.
-
-    ``lease_seconds``: how long a delivery holds its message without a heartbeat
-    (a live delivery renews it every third of it). ``backoff_*``: redelivery
-    delay after a handler raised, doubling per attempt from base up to max.
-    ``max_failed_deliveries``: past it, a message whose handler raised again is
-    moved to the dead letters (``DeadLetters``) instead of redelivered.
-    ``worker_id`` and ``liveness_seconds``: the worker liveness rules
-    (``treadle.world.liveness``): a consumer that starts with the identity of a dead
-    one releases what that one held at once; a worker silent past ``liveness_seconds``
-    is taken over by a survivor.
-    """
-
-    lease_seconds: float = 30.0
-    backoff_base_seconds: float = 1.0
-    backoff_max_seconds: float = 300.0
-    # A message whose handler raised on this many deliveries moves to the dead letters.
-    max_failed_deliveries: int = 64
-    # The consuming worker's stable identity (``treadle.world.liveness``); None: a random
-    # one per process. ``liveness_seconds``: how long its heartbeat may be silent before
-    # another worker takes over what it holds.
-    worker_id: str | None = None
-    liveness_seconds: float = 3.0
-
-    def backoff_seconds(self, attempt: int) -> float:
-        delay: float = self.backoff_base_seconds * 2.0 ** max(attempt - 1, 0)
-        return min(delay, self.backoff_max_seconds)
 
 
 class Subscription(Protocol):
@@ -407,62 +387,6 @@ class Deployments(Protocol):
         ...
 
 
-class Consumer(Protocol):
-    async def close(self, *, grace_seconds: float = 30.0) -> None:
-        """Stop taking deliveries; wait up to ``grace_seconds`` for running ones.
-
-        A delivery still running after the grace is cancelled and its message is
-        left to be redelivered (counted above 1), never acknowledged.
-        """
-        ...
-
-
-class Queue(Protocol):
-    """A durable queue with the spec 9 delivery rules.
-
-    - ``message_id`` is stable across redeliveries; ``delivery_count`` is 1 only
-      on the first delivery; ``attempt`` leaves out deliveries after a handoff.
-    - ``Ack`` removes the message; ``Redeliver(n)`` delivers it again after ``n``
-      seconds, counted; ``Handoff`` at once, not counted, first in the run's line;
-      an exception redelivers with backoff; a delivery whose lease lapses (its
-      process stalled or died) is delivered again, counted.
-    - A send with a ``key`` is deduplicated for 24 h after the first send
-      whatever state that message is in; an unkeyed send never is.
-    - A delay is never cut short.
-    - A spec 9 run's orchestrator messages (not intermediate hops) are delivered
-      one at a time per run; one that comes due while its run's delivery runs is
-      coalesced into it: the holder's handler runs again in the same delivery
-      (``delivery_count + 1``, same ``attempt``) before it is acknowledged, at most
-      ``MAX_COALESCED_RERUNS`` times, then the message is handed off.
-    """
-
-    async def send(
-        self,
-        message: messages.OrchestratorMessage | messages.StepMessage,
-        *,
-        key: str | None = None,
-        delay_seconds: float = 0.0,
-    ) -> messages.SendResult: ...
-
-    async def send_batch(self, sends: Sequence[messages.Send]) -> list[messages.SendResult]: ...
-
-    async def consume(
-        self, handlers: Mapping[messages.MessageKind, Handler], *, concurrency: int = 32
-    ) -> Consumer:
-        """Start delivering messages of the kinds in ``handlers``."""
-        ...
-
-    async def backlog(self, kind: messages.MessageKind, deployment_id: str) -> int:
-        """``kind`` messages for ``deployment_id`` not yet finished: due and waiting plus
-        in flight (what an autoscaler of that deployment's workers scales on).
-
-        Messages delayed and not yet due may be left out. A World whose consumers
-        are per deployment (NATS) counts from when that deployment first consumed
-        ``kind``; before that it answers 0.
-        """
-        ...
-
-
 # -- streams (issue 17 item 6, docs/streams.md; rules: ``world.streamrules``) ---------------
 
 StreamCallback: TypeAlias = Callable[[], None]
@@ -531,135 +455,3 @@ class World(Protocol):
     changes: Changes
 
     async def close(self) -> None: ...
-
-
-@runtime_checkable
-class DeadLetters(Protocol):
-    """A queue that moves poison messages aside (``treadle dead-letters``).
-
-    A message is dead once its handler raised on ``max_failed_deliveries``
-    deliveries, or at once when it is not a treadle message at all. It is kept,
-    with why it died, until requeued (sent again as new: its counts start over)
-    or dropped. Both raise ``DeadLetterNotFound`` for an id that is not dead.
-    """
-
-    async def dead_letters(self, *, limit: int = 100) -> list[records.DeadLetter]:
-        """The dead letters, oldest first."""
-        ...
-
-    async def requeue_dead_letter(self, message_id: str) -> None: ...
-
-    async def drop_dead_letter(self, message_id: str) -> None: ...
-
-
-# -- schedules (issue 17 item 3: treadle.schedules) ----------------------------------------
-
-
-@runtime_checkable
-class Schedules(Protocol):
-    """A World's schedules table (``world.schedules``): specs and their firing state.
-
-    The World stores and compares; every rule of when and what to fire is
-    ``treadle.schedules``' (shared by every World). ``version`` moves on every write,
-    so ``update`` is a compare-and-set: two schedulers (two workers, two pods) that
-    read one version race, one wins, the other gets None and reads again. That claim,
-    with a run id derived from the schedule's name and the firing time, makes a firing
-    happen once.
-    """
-
-    async def put(
-        self, spec: records.ScheduleSpec, *, next_fire_at: datetime | None
-    ) -> records.ScheduleRecord:
-        """Create the schedule, or replace the spec of the one of that name (its state is
-        kept but ``paused`` and ``next_fire_at``, set from here); the version moves."""
-        ...
-
-    async def put_if(
-        self, spec: records.ScheduleSpec, *, next_fire_at: datetime | None, expected_version: int
-    ) -> records.ScheduleRecord | None:
-        """``put`` as a compare-and-set, as ``update``: written only when the stored version
-        is ``expected_version`` (``0``: only when there is no such schedule), else None and
-        nothing written; so a put computed from a read cannot write back a
-        ``next_fire_at`` that a claim moved meanwhile (``treadle.schedules.api.store``)."""
-        ...
-
-    async def get(self, name: str) -> records.ScheduleRecord:
-        """``ScheduleNotFound`` when no schedule has that name."""
-        ...
-
-    async def list(self, *, limit: int = 1000) -> list[records.ScheduleRecord]:
-        """Every schedule by name, up to ``limit``."""
-        ...
-
-    async def update(
-        self, name: str, *, expected_version: int, state: records.ScheduleState
-    ) -> records.ScheduleRecord | None:
-        """Replace the state when the stored version is ``expected_version``; the new
-        record, or None (nothing written) when it moved or the schedule is gone."""
-        ...
-
-    async def delete(self, name: str) -> bool:
-        """Remove the schedule (its runs stay); False when there was none."""
-
-
-# -- concurrency and rate limits (issue 17 item 4; rules in ``treadle.world.limitrules``) ---
-
-
-@runtime_checkable
-class LimitStore(Protocol):
-    """Slots, waiters and token buckets per (scope, key), shared by every worker of a World
-    (``world.limits``; a World without it refuses limited workflows and steps).
-
-    Every operation is one transaction per key (Postgres: a row lock on the key; the
-    local World: SQLite's single writer; memory: one step of the loop)."""
-
-    async def acquire(self, claim: limitrules.Claim, *, now_ms: int) -> limitrules.Admission:
-        """Hold a slot, or be recorded (or stay) waiting; idempotent per holder."""
-        ...
-
-    async def reserve(self, claim: limitrules.RateClaim, *, now_ms: int) -> int:
-        """The time (ms) this holder may start; a holder's reservation is kept."""
-        ...
-
-    async def release(self, run_id: str, *, holder: str | None = None) -> list[limitrules.Wake]:
-        """Drop ``holder``'s slot, waiting place and reservation (None: everything the run
-        holds or waits on, its steps' included); the waiters now admissible."""
-        ...
-
-    async def sweep(self, *, now_ms: int, limit: int = 100) -> list[limitrules.Wake]:
-        """Drop dead holders and waiters everywhere; the waiters now admissible."""
-        ...
-
-    async def waiting(
-        self, run_ids: Sequence[str], *, now_ms: int
-    ) -> dict[str, limitrules.WaitingOn]:
-        """What each of these runs (or one of its steps) waits on, if anything."""
-        ...
-
-
-# -- step heartbeats (issue 17 item 5, docs/timeouts.md) --------------------------------
-
-
-@runtime_checkable
-class Heartbeats(Protocol):
-    """Where a step's heartbeats are kept: one row per step, never the log.
-
-    An optional member, ``world.heartbeats`` (``heartbeats_of``). ``record`` keeps the
-    latest beat of a step: a beat of an attempt older than the one stored is ignored
-    (a stalled process's late beat never hides the new attempt's). Rows go with their
-    run's storage; they are small (details within ``treadle.limits``) and written at
-    most once per throttle interval per attempt (``orchestrator.steptimeouts``).
-    """
-
-    async def record(
-        self, run_id: str, step_id: str, *, attempt: int, details: JsonValue, beat_at: datetime
-    ) -> None: ...
-
-    async def get(self, run_id: str, step_id: str) -> records.HeartbeatRecord | None: ...
-
-
-def heartbeats_of(world: object) -> Heartbeats | None:
-    """The World's heartbeat store, or None when it keeps none (then a heartbeat lapse is
-    judged in the step's own process only, and a next attempt sees no details)."""
-    store = getattr(world, "heartbeats", None)
-    return store if isinstance(store, Heartbeats) else None
