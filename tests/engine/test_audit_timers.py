@@ -14,8 +14,6 @@ import time
 from collections import Counter
 from datetime import datetime
 
-import pytest
-
 from treadle import Hook, sleep
 from treadle.client import Run
 from treadle.errors import RunCancelledError
@@ -27,7 +25,7 @@ from .faults import FaultyWorld, Started, until_coalesced
 
 
 async def test_a_busy_fan_out_near_due_waits_sends_about_one_timer_per_wait(
-    faulty: FaultyWorld, make_app: MakeApp, request: pytest.FixtureRequest
+    faulty: FaultyWorld, make_app: MakeApp
 ) -> None:
     """Audit C5 / seed 003 "Near-due re-arms on every delivery": a fan-out of 20 x
     (step(i); sleep 3 s); each outcome wakes the run. About 20 timers go out, not one per
@@ -40,9 +38,10 @@ async def test_a_busy_fan_out_near_due_waits_sends_about_one_timer_per_wait(
     # re-runs a quarter second apart. Either way linear, never the n(n+1)/2 = 210 of no key:
     # a wait's own timer, and at most one re-arm per calendar second of its 3 s sleep (it
     # touches at most 4), so at most 5 a wait; under load the re-runs spread over more of
-    # those seconds (a full run here sent 82).
-    postgres = "postgres" in request.node.name
-    bound = 20 * (1 + 4) if postgres else 25
+    # those seconds (a full run here sent 82). A loaded machine makes the local World's
+    # deliveries coalesced re-runs too (a full run here: 55 deliveries, 57 timers), so the
+    # bound is the same on both Worlds.
+    bound = 20 * (1 + 4)
     app = make_app(world=faulty, WORKFLOW_MAX_INLINE_STEPS=0, WORKFLOW_ORCHESTRATOR_LINGER_MS=0)
 
     @app.step
@@ -66,10 +65,9 @@ async def test_a_busy_fan_out_near_due_waits_sends_about_one_timer_per_wait(
     timers = faulty.queue.timers()
     deliveries = len(faulty.queue.orchestrator_answers())
     assert len(timers) <= bound, f"{len(timers)} timers for 20 waits over {deliveries} deliveries"
-    if postgres:
-        waits = [e.correlation_id for e in log if e.type == "wait_created"]
-        per_wait = {w: len(faulty.queue.timers(w)) for w in waits}
-        assert max(per_wait.values()) <= 5, f"a wait armed more than 5 times: {per_wait}"
+    waits = [e.correlation_id for e in log if e.type == "wait_created"]
+    per_wait = {w: len(faulty.queue.timers(w)) for w in waits}
+    assert max(per_wait.values()) <= 5, f"a wait armed more than 5 times: {per_wait}"
     near = [
         t
         for t in faulty.trace

@@ -374,6 +374,9 @@ def ci8_results() -> dict[int, dict[str, Any]]:
     return {line["seed"]: line for line in lines}
 
 
+# Every test of ci8_results in one xdist group: the module fixture then runs once, not on
+# both workers (about 30 s each).
+@pytest.mark.xdist_group("simulation8")
 @pytest.mark.parametrize("seed", CI8_SEEDS)
 def test_spec8_seed_holds_every_invariant(
     seed: int, ci8_results: dict[int, dict[str, Any]]
@@ -384,6 +387,7 @@ def test_spec8_seed_holds_every_invariant(
     assert got["ok"], "\n".join([*got["violations"], got["replay"]])
 
 
+@pytest.mark.xdist_group("simulation8")
 def test_spec8_ci_seeds_meet_the_shapes_they_exist_for(
     ci8_results: dict[int, dict[str, Any]],
 ) -> None:
