@@ -120,9 +120,17 @@ async def test_replay_divergence_past_the_budget_is_a_corrupted_log(
 ) -> None:
     """Audit G1, always: after WORKFLOW_REPLAY_DIVERGENCE_MAX_RETRIES (2 here) cold replays
     the run fails with CorruptedEventLog naming the position and the mismatch."""
-    app = make_app(WORKFLOW_REPLAY_DIVERGENCE_MAX_RETRIES=2, TREADLE_WARM_RUNS=0)  # cold replays
+    # Cold replays, and no linger: the gate's payload must wake a new delivery, which
+    # replays cold, rather than resume the lingering one's live run.
+    app = make_app(WORKFLOW_REPLAY_DIVERGENCE_MAX_RETRIES=2, TREADLE_WARM_RUNS=0,
+                   WORKFLOW_ORCHESTRATOR_LINGER_MS=0)  # fmt: skip
     caplog.set_level(logging.WARNING, logger="treadle.orchestrator")
-    replays: list[int] = []
+    # The code changes when the test says so, once the run waits at its gate hook (so step
+    # b is recorded), not after some number of passes: a loaded machine coalesces short
+    # sleeps into fewer passes (CI saw this test finish in two and never diverge). The
+    # replay that diverges is the one the gate's payload wakes.
+    changed: list[bool] = []
+    replays: list[bool] = []
 
     @app.step
     async def a() -> str:
@@ -138,21 +146,27 @@ async def test_replay_divergence_past_the_budget_is_a_corrupted_log(
 
     @app.workflow
     async def flow() -> str:
-        replays.append(1)
+        replays.append(bool(changed))
         first = await a()
         await sleep(0.05)
-        second = await (c() if len(replays) >= 3 else b())
-        await sleep(0.05)
+        second = await (c() if changed else b())
+        await Payload.wait(token="diverge-gate")
         return first + second
 
     run = await app.start(flow)
+    deadline = time.monotonic() + 10
+    while "hook_created" not in [e.type for e in await run.events()]:
+        assert time.monotonic() < deadline, "the run never reached its gate hook"
+        await asyncio.sleep(0.01)
+    changed.append(True)
+    await app.resume_hook("diverge-gate", {"value": "go"})
     with pytest.raises(RunFailedError, match=r"position 2.*step b.*step c"):
         await run.result(timeout=10)
     error = (await run.get()).error
     assert error is not None and error.type == "CorruptedEventLog"
     diverged = [r for r in caplog.records if "replay diverged" in r.getMessage()]
     assert len(diverged) == 3, "the first divergence and two cold replays, then the failure"
-    assert len(replays) == 2 + 3
+    assert replays.count(True) == 1 + 2, "the replay that diverged, then two cold replays"
 
 
 class Payload(Hook):

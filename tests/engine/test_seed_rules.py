@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from treadle import Hook, runstart, sleep
+from treadle import Hook, runstart
 from treadle.client import start_run
 from treadle.errors import FenceNotSupported, ReadTimedOut, RunNotSupported
 from treadle.world import events, messages, records
@@ -266,29 +266,30 @@ async def test_a_hung_tail_read_releases_the_run_and_the_next_delivery_completes
     twice the deadline; after three attempts the delivery fails (retryable) and the queue
     redelivers the run. Before, a hung tail read held the run for ever.
 
-    Timeline: the first delivery arms a 0.2 s sleep and reads the log tail; that read and
-    its two retries hang (100 + 200 + 400 ms). The delivery ends with ReadTimedOut, every
-    hung read cancelled; the message's redelivery drives the run to completion. That
-    delivery's answer is recorded when its handler returns, after its run_completed is
-    in the log, so the test waits for the answer instead of reading it as the run ends."""
+    Timeline: the first delivery creates a hook and reads the log tail; that read and its
+    two retries hang (100 + 200 + 400 ms). The delivery ends with ReadTimedOut, every hung
+    read cancelled; the message's redelivery replays the run, reads the tail and ends
+    suspended on the hook, whose payload then completes the run. (A hook, not a short
+    sleep: CI once ran this on a machine so loaded that the sleep was due before any tail
+    read, and the run completed without one.)"""
     hanging = HangingEvents(faulty.events)
     faulty.events = hanging  # type: ignore[assignment]
     app = make_app(world=faulty, WORKFLOW_ORCHESTRATOR_READ_TIMEOUT_MS=100)
 
     @app.workflow
     async def flow() -> str:
-        await sleep(0.2)
-        return "done"
+        approval = await Approval.wait(token="hung-read")
+        return "done" if approval.ok else "refused"
 
     hanging.hang = 3
     run = await app.start(flow)
-    assert await run.result(timeout=20) == "done"
-    assert (hanging.hung, hanging.abandoned, hanging.hang) == (3, 3, 0)
+    await faulty.queue.until(lambda: len(faulty.queue.orchestrator_answers()) >= 1)
     answers = faulty.queue.orchestrator_answers()
     first = answers[0]
     assert isinstance(first.error, ReadTimedOut)
     assert first.error.attempts == 3 and first.error.waited_ms == 700
     assert first.meta.delivery_count == 1
+    assert (hanging.hung, hanging.abandoned, hanging.hang) == (3, 3, 0)
 
     def redelivered() -> list[Answer]:
         return [
@@ -300,6 +301,8 @@ async def test_a_hung_tail_read_releases_the_run_and_the_next_delivery_completes
     await faulty.queue.until(lambda: bool(redelivered()))
     again = redelivered()[0]
     assert again.meta.delivery_count == 2 and again.error is None
+    await app.resume_hook("hung-read", Approval(ok=True))
+    assert await run.result(timeout=20) == "done"
     assert [e.type for e in await run.events()].count("run_completed") == 1
 
 
