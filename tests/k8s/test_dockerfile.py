@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 
 from .dockerfile import BaseImage, Dockerfile, DockerfileError, Plan
+from .harness import Kube
+from .node import RealNode
 from .node_images import BASE_IMAGE, DOCKERFILE, REPO
 from .oci_image import DEFAULT_ENV_PATH, ImageConfig
 
@@ -154,9 +156,15 @@ def test_copy_follows_the_dockerignore_and_the_workdir(tmp_path: Path) -> None:
         plan.execute(context, tmp_path / "work2", tmp_path / "build.log")
 
 
-def test_a_run_has_no_network_and_its_mounts_are_read_only(tmp_path: Path) -> None:
-    """In a copy of the real node's Debian tree (skipped, with the reason, without it)."""
-    base_rootfs = Path.home() / ".cache" / "treadle-k8s-1.20" / "node" / "base-rootfs"
+def test_a_run_has_no_network_and_its_mounts_are_read_only(
+    tmp_path: Path, kube: Kube, real_node: RealNode
+) -> None:
+    """In a copy of the real node's Debian tree (skipped, with the reason, without it).
+
+    ``real_node`` builds that tree first (a session fixture, so at most once). Without it
+    a fresh machine skipped this test: it ran before any node test had built the tree."""
+    del real_node
+    base_rootfs = kube.control_plane.binaries.cache / "node" / "base-rootfs"
     if not (base_rootfs / ".complete").is_file() or not shutil.which("unshare"):
         pytest.skip(f"no debootstrap tree at {base_rootfs} (tests/k8s/build_node.sh builds it)")
     wheelhouse = tmp_path / "wheelhouse"
