@@ -182,6 +182,8 @@ async def test_cancelling_a_parent_applies_its_close_policy(make_app: MakeApp, p
         assert [(f.child_run_id, f.cancelled) for f in failed] == [(child_id, True)]
     else:
         assert await status_of(app, child_id) == "running"
+        # Running is not yet waiting: the payload needs the child's hook created.
+        await until(lambda: _has(app.get_run(child_id), events.HookCreated))
         await app.resume_hook(token, {"value": "on"})
         assert await app.get_run(child_id).result(timeout=20) == "on"
         # Its outcome still reaches the (cancelled) parent's log, once.
@@ -210,6 +212,9 @@ async def test_a_parent_that_completes_applies_its_policy_to_running_children(
         assert "completed" in (reason[0].reason or "")
     else:
         await until(lambda: _status_is(app, child_id, "running"))
+        # Running is not yet waiting (CI: HookNotFound on a loaded machine): the payload
+        # needs the child's hook created.
+        await until(lambda: _has(app.get_run(child_id), events.HookCreated))
         await app.resume_hook(token, {"value": "alone"})
         assert await app.get_run(child_id).result(timeout=20) == "alone"
 

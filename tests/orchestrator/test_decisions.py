@@ -33,6 +33,18 @@ def test_timer_keys_name_the_wait_and_the_hop() -> None:
     assert timers.near_due_key("wait_a", 1000, 12_345) == "wait:wait_a:1000:s12"
 
 
+def test_only_a_near_due_key_is_taken_for_one() -> None:
+    """``is_near_due_key`` (the once-per-process rule of near-due sends keys on it): not a
+    hop, not a re-arm, and not a step message's key, whose last part starts with "s" too
+    (``step:<run>:step_...``: the simulation's near_due_resent check once took those)."""
+    assert timers.is_near_due_key(timers.near_due_key("wait_a", 1000, 12_345))
+    assert not timers.is_near_due_key(timers.hop_key("wait_a", 1000, 900))
+    assert not timers.is_near_due_key(timers.rearm_key("wait_a", 1000, 1000, 3, "msg_s"))
+    assert not timers.is_near_due_key("step:wrun_1:step_661e220aae35f65238b9")
+    assert not timers.is_near_due_key("wait:wait_a:1000:sx")
+    assert not timers.is_near_due_key(None)
+
+
 def test_a_three_day_sleep_is_reached_in_hops_anchored_on_its_deadline() -> None:
     """The first hop takes the remainder; later ones are whole hops; the last is the deadline."""
     now, resume = 0, 3 * 24 * HOUR_MS

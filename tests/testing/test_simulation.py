@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from treadle import clock
-from treadle.orchestrator import decisions
+from treadle.orchestrator import decisions, runtime
 from treadle.sdk import functions
 from treadle.testing.simulation import Config, FaultPlan, Shape, loop, shrink, simulate
 
@@ -544,6 +544,18 @@ def test_planted_defect_in_the_wait_rule_is_reported_with_its_seed(
     report = simulate(seed, config)
     assert {v.kind for v in report.violations} >= {"never_ended"}
     assert f"--seed {seed}" in report.replay_command()
+
+
+def test_planted_forgetful_near_due_keys_are_reported_as_resent(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A process that forgets the near-due keys it sent (``RecentKeys`` remembering nothing:
+    the waste CI once caught, one key sent by ``arm`` and again by ``arm_near_due``) is a
+    ``near_due_resent``; seed 1 shows it at the default plan, and passes with the rule."""
+    assert "near_due_resent" not in {v.kind for v in simulate(1, Config()).violations}
+    monkeypatch.setattr(runtime.RecentKeys, "seen", lambda self, key: False)
+    monkeypatch.setattr(runtime.RecentKeys, "first_time", lambda self, key: True)
+    assert "near_due_resent" in {v.kind for v in simulate(1, Config()).violations}
 
 
 def test_planted_double_execution_is_reported_as_overlap(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -46,9 +46,13 @@ def near_due_key(correlation_id: str, resume_at_ms: int, now_ms: int) -> str:
 
 
 def is_near_due_key(key: str | None) -> bool:
-    """Whether ``key`` is a ``near_due_key`` (ends ``:s`` and a second; a hop key ends in
-    its hop's milliseconds, a re-arm's in ``:a`` and an attempt)."""
-    return key is not None and key.rpartition(":")[2].startswith("s")
+    """Whether ``key`` is a ``near_due_key``: ``wait:`` and ends ``:s`` and a second (a hop
+    key ends in its hop's milliseconds, a re-arm's in ``:a`` and an attempt; a step's key,
+    ``step:<run>:step_...``, is no wait's at all)."""
+    if key is None or not key.startswith("wait:"):
+        return False
+    last = key.rpartition(":")[2]
+    return last.startswith("s") and last[1:].isdigit()
 
 
 @dataclass(frozen=True)

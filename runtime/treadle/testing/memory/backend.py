@@ -17,6 +17,7 @@ once, need no await, and go through no interceptor.
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 
 from treadle.testing.memory.feed import Feeds
 from treadle.testing.memory.limits import LimitTables
@@ -24,6 +25,18 @@ from treadle.testing.memory.log import Store
 from treadle.testing.memory.queue import DeadLetter, InFlight, MessageQueue
 from treadle.testing.memory.stats import QueueStats
 from treadle.world import contract, events, records
+
+
+@dataclass
+class KeyedSend:
+    """One keyed send: which World (process) made it, for which run, and whether the call
+    that carried it returned (``ok``; False while it runs and when it raised, so the
+    sender rightly takes it as unsent)."""
+
+    world: str
+    run_id: str
+    key: str
+    ok: bool = False
 
 
 class MemoryBackend:
@@ -51,6 +64,9 @@ class MemoryBackend:
             tuple[str, records.ScheduleRecord | None, records.ScheduleRecord]
         ] = []
         self.limits = LimitTables()  # concurrency and rate limits (issue 17 item 4)
+        # Every keyed send, in order, by the World (process) that made it: the simulation's
+        # ``near_due_resent`` check reads it (``KeyedSend``).
+        self.keyed_sends: list[KeyedSend] = []
 
     def _run_spec_version(self, run_id: str) -> int | None:
         state = self.store.runs.get(run_id)

@@ -20,7 +20,7 @@ from types import TracebackType
 
 from treadle.testing.memory import points as fault_points
 from treadle.testing.memory import storage
-from treadle.testing.memory.backend import MemoryBackend
+from treadle.testing.memory.backend import KeyedSend, MemoryBackend
 from treadle.testing.memory.consumer import MemoryConsumer
 from treadle.testing.memory.feed import MemoryChanges
 from treadle.testing.memory.heartbeats import MemoryHeartbeats
@@ -64,12 +64,18 @@ class MemoryQueue:
     async def send_batch(self, sends: Sequence[messages.Send]) -> list[messages.SendResult]:
         prepared = [(send, queuerules.encode_send(send)) for send in sends]
         results: list[messages.SendResult] = []
+        keyed: list[KeyedSend] = []
         for send, payload in prepared:
             run_id = send.message.run_id
             answer = await self._points.before("queue.send", run_id)
             results.append(self._backend.queue.send(send, payload, lose=answer == "lose"))
+            if send.key is not None:
+                keyed.append(KeyedSend(self._world, run_id, send.key))
+                self._backend.keyed_sends.append(keyed[-1])
             if answer == "fail_after":
                 raise fault_points.failed_after("queue.send", run_id)
+        for sent in keyed:
+            sent.ok = True  # the call returned: its sender may take every send as made
         return results
 
     async def consume(

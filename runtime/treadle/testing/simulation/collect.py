@@ -50,6 +50,7 @@ async def run_outcome(
         messages_left=len(sim.backend.messages_of(run_id)),
         cut_at=sim.now(),
         delivery_runs=sim.ledger.deliveries_of(run_id),
+        keyed_sends=[(k.world, k.key, k.ok) for k in sim.backend.keyed_sends if k.run_id == run_id],
     )
     found.children = await invariants_children.collect(
         found, sim.backend, lambda cid, ops, at: run_outcome(sim, world, cid, ops, at)

@@ -24,7 +24,10 @@ and returns ``Violation`` objects, each naming its kind:
 - ``cancelled_body``: a step body cancelled although its process did not die;
 - ``deliveries`` / ``handoffs``: more than the bound for the run's size;
 - ``unstarted_body``: a ``max_retries=0`` body ran for an attempt the log never
-  started (such a step never starts before its start commits: ``orchestrator.turbo``).
+  started (such a step never starts before its start commits: ``orchestrator.turbo``);
+- ``near_due_resent``: a process sent a near-due timer key (``timers.near_due_key``)
+  again after a send of it had returned (each goes out once per process: the queue
+  would drop the copy, but it is a round trip; only a send that raised is retried).
 
 One residual risk is counted, never failed (``residuals``): an optimistic start
 (turbo's early inline bodies, ``WORKFLOW_OPTIMISTIC_BACKGROUND_START``) runs a
@@ -52,6 +55,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from treadle import serde
+from treadle.orchestrator import timers
 from treadle.sdk import functions
 from treadle.testing.simulation import gen_hookclaims
 from treadle.testing.simulation.loop import EPOCH
@@ -109,6 +113,8 @@ class RunOutcome:
     cut_at: float | None = None
     # Every delivery of the run's messages (start, settlement, process).
     delivery_runs: list[DeliveryRun] = field(default_factory=list)
+    # The run's keyed sends in order: (the sending World, i.e. process; key; returned).
+    keyed_sends: list[tuple[str, str, bool]] = field(default_factory=list)
     # Child op id -> the child run it started (``gen_children``), judged as a run of its
     # own (its body steps as its program): its faults shift what the parent records.
     children: dict[str, RunOutcome] = field(default_factory=dict)
@@ -147,6 +153,7 @@ def check(o: RunOutcome) -> list[Violation]:
     out += _check_bodies(o, race_ids)
     out += [Violation("lease_ignored", rid, text) for text in o.ignored_leases]
     out += _unstarted(o)[1]
+    out += _near_due_resent(o)
     for child in o.children.values():
         out += _check_child(child)
     steps = len(outcomes_expected(o.program)) + len(race_ids)
@@ -154,6 +161,20 @@ def check(o: RunOutcome) -> list[Violation]:
         out.append(Violation("deliveries", rid, f"{o.deliveries} deliveries for {steps} steps"))
     if o.handoffs > 20 + 2 * steps:
         out.append(Violation("handoffs", rid, f"{o.handoffs} handoffs for {steps} steps"))
+    return out
+
+
+def _near_due_resent(o: RunOutcome) -> list[Violation]:
+    """A near-due key a process sent again after its send of that key had returned."""
+    returned: set[tuple[str, str]] = set()
+    out: list[Violation] = []
+    for world, key, ok in o.keyed_sends:
+        if not timers.is_near_due_key(key):
+            continue
+        if (world, key) in returned:
+            out.append(Violation("near_due_resent", o.run_id, f"{world} sent {key} again"))
+        if ok:
+            returned.add((world, key))
     return out
 
 
