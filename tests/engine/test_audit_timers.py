@@ -437,6 +437,11 @@ async def test_a_duplicate_timer_for_a_completed_wait_queues_no_new_timer(
     (w1_at, w1), _ = await _waits(run, 2, faulty)
     faulty.events.refuse_in_band(1, when=lambda e: e.type == "wait_completed")
     await faulty.queue.until(lambda: any(t.name == "wait_completed" for t in faulty.trace))
+    # Send the duplicate with no delivery of the run in flight (w2 still waits): one sent
+    # while a delivery holds the run is coalesced into it (Postgres + NATS folds a wake
+    # for a held run at send time) and never has a delivery of its own to judge. CI saw
+    # that: 20 s waiting for the duplicate's own answer, on a loaded machine.
+    await faulty.queue.until(lambda: len(_answered(faulty)) == len(faulty.queue.started))
     duplicate = messages.OrchestratorMessage(
         run_id=run.run_id, deployment_id="local", run_spec_version=9,
         wait_continuation=messages.WaitContinuation(
