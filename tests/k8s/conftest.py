@@ -39,7 +39,7 @@ from .kubelet import ProcessKubelet
 from .node import NodeBinaries, NodeError, NodeUnavailable, RealNode, preflight
 from .node_images import WORKFLOWS_IMAGE, NodeImages, ensure_node_parts
 from .oci_image import ImageBuildError
-from .pod_node import POD_IMAGE_FILE, TAGS, PodNode, process_node, real_pod_node
+from .pod_node import TAGS, PodNode, TagMaker, process_node, real_pod_node
 
 # Pods import treadle from this checkout and write their logs unbuffered.
 POD_ENV = {
@@ -198,7 +198,8 @@ def pod_node(
     kube: Kube, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> PodNode:
     """Where the operator scenarios' worker pods run: the real node when it starts (its
-    images of ``TAGS`` imported), else the process kubelet, with the reason; printed."""
+    images of ``TAGS`` imported, any other tag made when first used), else the process
+    kubelet, with the reason; printed."""
     progress = _terminal(request.config)
     shared = tmp_path_factory.mktemp("pod-shared")
     shared.chmod(0o755)  # the pods' user (10001) reads what tests leave there
@@ -210,12 +211,9 @@ def pod_node(
             node: RealNode = request.getfixturevalue("real_node")
             workflows = next(i for i in node.images if i.name == WORKFLOWS_IMAGE)
             began = time.monotonic()
-            tagged = NodeImages(kube.control_plane.binaries.cache / "node", progress).tagged(
-                workflows, TAGS, POD_IMAGE_FILE
-            )
-            node.ctr(["images", "import", str(tagged.path)], f"importing {tagged.name}")
+            images = NodeImages(kube.control_plane.binaries.cache / "node", progress)
+            chosen = real_pod_node(kube, node, shared, TagMaker(images, workflows))
             progress(f"images of {', '.join(TAGS)} ready in {time.monotonic() - began:.1f} s")
-            chosen = real_pod_node(kube, node, shared)
         except (pytest.skip.Exception, pytest.fail.Exception) as outcome:
             chosen = process_node(kube, shared, f"the real node did not start: {outcome.msg}")
         except (ImageBuildError, NodeError) as error:

@@ -56,6 +56,7 @@ WHEELHOUSE_TARGET = "/wheelhouse"
 # What every RUN gets instead of an index (a `docker build` behind a mirror: pip's config).
 RUN_ENV = {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": WHEELHOUSE_TARGET}
 KEEP_TREADLE_IMAGES = 3
+KEEP_TAG_ARCHIVES = 12
 
 
 @dataclass(frozen=True)
@@ -148,7 +149,8 @@ class NodeImages:
         with (self.images / "build.lock").open("w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             if not out.is_file():
-                _keep_newest(self.images, "tags-*.oci.tar")
+                # Thin (a few KiB each), and a session may make a tag or two beyond TAGS.
+                _keep_newest(self.images, "tags-*.oci.tar", keep=KEEP_TAG_ARCHIVES)
                 work = self.images / "tags-layers"
                 shutil.rmtree(work, ignore_errors=True)
                 layers: dict[str, Path] = {}
@@ -218,13 +220,13 @@ class NodeImages:
         shutil.rmtree(work)
 
 
-def _keep_newest(images: Path, pattern: str) -> None:
-    """Before one more archive is written: delete all but the newest
-    ``KEEP_TREADLE_IMAGES - 1`` of ``pattern``. Other checkouts share this cache and may be
+def _keep_newest(images: Path, pattern: str, keep: int = KEEP_TREADLE_IMAGES) -> None:
+    """Before one more archive is written: delete all but the newest ``keep - 1`` of
+    ``pattern``. Other checkouts share this cache and may be
     about to import theirs (deleting every other one made two worktrees rebuild each
     other's images each session)."""
     stale = sorted(images.glob(pattern), key=lambda p: p.stat().st_mtime)
-    for old in stale[: max(0, len(stale) - KEEP_TREADLE_IMAGES + 1)]:
+    for old in stale[: max(0, len(stale) - keep + 1)]:
         old.unlink(missing_ok=True)
 
 

@@ -182,6 +182,15 @@ class Shop:
         made: dict[str, Any] = self.kube.rest.create(self.path("workflowdeployments"), body)
         return made
 
+    def patch(self, spec: dict[str, Any], name: str | None = None) -> dict[str, Any]:
+        """Merge-patch a WorkflowDeployment's ``spec``; a new ``image`` is made on the node
+        first (a rollout to a tag no scenario used yet runs, never ErrImageNeverPull)."""
+        if isinstance(spec.get("image"), str):
+            self.pods.image(spec["image"])
+        path = self.path("workflowdeployments", name or self.deployment)
+        patched: dict[str, Any] = self.kube.rest.patch(path, {"spec": spec})
+        return patched
+
     @property
     def module(self) -> str:
         """The module path the workers load (what ``deploy`` puts in ``spec.module``)."""

@@ -19,13 +19,15 @@ pods, and what a test asks about them:
   short grace period, the pod's name in ``TREADLE_POD_NAME`` from the downward
   API, and ``shared`` mounted). Tests that patch ``spec.template`` pass it
   through this, so their patch keeps the workers on the node.
-- Images are the tags the scenarios use (``TAGS``: "shop:1" is
-  ``docker.io/library/shop:1`` to the runtime): each the workflows image plus a
-  file ``/app/pod-image`` holding its tag, which ``k8s_workflows.py`` reports
-  where the process kubelet's ``TREADLE_POD_IMAGE`` is unset. They are built
-  once (cached by the workflows image's archive name) and imported once a
-  session. An image that is meant to be missing (``unpullable.invalid/...``)
-  stays missing: ``image_pull_reasons`` are the waiting reasons each node gives.
+- ``image``: a short tag ("shop:4" is ``docker.io/library/shop:4`` to the runtime)
+  made on the node: the workflows image plus a file ``/app/pod-image`` holding the
+  tag, which ``k8s_workflows.py`` reports where the process kubelet's
+  ``TREADLE_POD_IMAGE`` is unset. ``TAGS``, the ones most scenarios use, are built
+  in one archive (cached by the workflows image's manifest) and imported as the
+  session starts; any other short tag is built and imported the first time
+  ``worker_spec`` or ``Shop.set_image`` meets it. A name with a registry
+  (``unpullable.invalid/...``) is meant to be missing and stays missing:
+  ``image_pull_reasons`` are the waiting reasons each node gives.
 - ``pod_log`` / ``logs_tail``: pod output from the node actually used.
 - ``shared_file``: a file the test writes on the host and a worker pod reads, and
   the path the pod sees it at.
@@ -36,17 +38,18 @@ from __future__ import annotations
 import copy
 import os
 import urllib.parse
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .harness import Kube
 from .node import REAL_NODE_NAME, REAL_NODE_TAINT, RealNode
-from .node_images import WORKFLOWS_MODULE
+from .node_images import WORKFLOWS_MODULE, ImageArchive, NodeImages
 
 WORKFLOWS = Path(__file__).with_name("k8s_workflows.py")
-# Every image tag a scenario deploys or rolls out to (spec.image and its patches).
-TAGS = ("shop:1", "shop:2", "shop:3")
+# The tags imported as the session starts (most scenarios deploy shop:1 and roll out to
+# shop:2); any other short tag is made when a scenario first uses it (PodNode.image).
+TAGS = ("shop:1", "shop:2")
 POD_IMAGE_FILE = "/app/pod-image"  # k8s_workflows.where() reads it on the real node
 SHARED_VOLUME = "treadle-test-shared"
 SHARED_PATH = "/shared"
@@ -62,12 +65,22 @@ class SharedFile:
     pod: str  # where a worker pod reads it
 
 
+@dataclass(frozen=True)
+class TagMaker:
+    """What makes a tag on the real node: the image builder and the workflows image."""
+
+    images: NodeImages
+    workflows: ImageArchive
+
+
 @dataclass
 class PodNode:
     kube: Kube
     real: RealNode | None
     why: str  # the node's description (real) or why the real node is not used
     shared: Path  # a host directory worker pods see (at SHARED_PATH on the real node)
+    maker: TagMaker | None = None
+    imported: set[str] = field(default_factory=set)  # the tags on the real node
 
     @property
     def is_real(self) -> bool:
@@ -88,12 +101,35 @@ class PodNode:
         where = f"real node {REAL_NODE_NAME}" if self.is_real else "the process kubelet"
         return f"worker pods on: {where} ({self.why})"
 
+    # --- images ----------------------------------------------------------------------------
+
+    def import_tags(self, tags: tuple[str, ...]) -> None:
+        """Build (cached) and import ``tags`` on the real node, in one thin archive."""
+        if self.real is None or self.maker is None:
+            return
+        wanted = tuple(tag for tag in tags if tag not in self.imported)
+        if not wanted:
+            return
+        tagged = self.maker.images.tagged(self.maker.workflows, wanted, POD_IMAGE_FILE)
+        self.real.ctr(["images", "import", str(tagged.path)], f"importing {tagged.name}")
+        self.imported.update(wanted)
+
+    def image(self, image: str) -> None:
+        """Make ``image`` present on the real node if it is a short tag ("shop:4"); a name
+        with a registry ("unpullable.invalid/x:1") is left missing, as a scenario means."""
+        name, _, tag = image.rpartition(":")
+        if self.is_real and name and tag and "/" not in name:
+            self.import_tags((image,))
+
     # --- specs -----------------------------------------------------------------------------
 
     def worker_spec(self, spec: dict[str, Any]) -> dict[str, Any]:
-        """A WorkflowDeployment ``spec`` made to run on this node (module, pulls, template)."""
+        """A WorkflowDeployment ``spec`` made to run on this node (module, pulls, template,
+        and its image made on the node)."""
         made = copy.deepcopy(spec)
         made.setdefault("module", self.module)
+        if isinstance(made.get("image"), str):
+            self.image(made["image"])
         if self.is_real:
             made["imagePullPolicy"] = "Never"
             made["template"] = self.template(made.get("template"))
@@ -175,7 +211,7 @@ def process_node(kube: Kube, shared: Path, why: str) -> PodNode:
     return PodNode(kube, None, why, shared)
 
 
-def real_pod_node(kube: Kube, node: RealNode, shared: Path) -> PodNode:
+def real_pod_node(kube: Kube, node: RealNode, shared: Path, maker: TagMaker) -> PodNode:
     info = (node.rest.get(f"/api/v1/nodes/{node.node_name}").get("status") or {}).get(
         "nodeInfo"
     ) or {}
@@ -183,4 +219,6 @@ def real_pod_node(kube: Kube, node: RealNode, shared: Path) -> PodNode:
     why = f"{runtime}, kubelet {info.get('kubeletVersion', '?')}"
     shared.mkdir(parents=True, exist_ok=True)
     os.chmod(shared, 0o755)
-    return PodNode(kube, node, why, shared)
+    made = PodNode(kube, node, why, shared, maker)
+    made.import_tags(TAGS)
+    return made

@@ -174,7 +174,7 @@ def test_a_rollout_leaves_a_sleeping_run_on_its_revision_until_it_drains(shop: S
     shop.start("long", "approval", {"order_id": "long"})
     wait_for(lambda: shop.status("long").get("waitingOn"), 60, what="the long run waiting")
 
-    shop.kube.rest.patch(shop.path("workflowdeployments", "shop"), {"spec": {"image": "shop:2"}})
+    shop.patch({"image": "shop:2"}, "shop")
     new = wait_for(lambda: (shop.latest() != old) and shop.latest(), 90, what="a new revision")
     revisions = {r["id"]: r for r in shop.wfd()["status"]["revisions"]}
     assert revisions[new]["image"] == "shop:2"

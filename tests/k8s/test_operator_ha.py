@@ -199,9 +199,7 @@ def _lose_status_then_roll_out(shop: Shop, revision: str) -> None:
     assert status["revisions"][0]["phase"] == "Active"
 
     uid = shop.wfd()["metadata"]["uid"]
-    shop.kube.rest.patch(
-        shop.path("workflowdeployments", shop.deployment), {"spec": {"image": "shop:2"}}
-    )
+    shop.patch({"image": "shop:2"})
     second = revisions.revision_id(shop.namespace, shop.deployment, uid, 2, "shop:2", shop.module)
     wait_for(lambda: shop.latest() == second, 90, what="revision number 2 latest")
     wait_for(lambda: _world_latest(shop) == second, 10, what="the World's latest moved too")

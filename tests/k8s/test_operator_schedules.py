@@ -452,7 +452,7 @@ def test_a_rollout_moves_the_schedule_to_the_new_revision(shop: Shop) -> None:
     first = wait_for(lambda: [r for r in _runs(shop, "rolling") if _phase(r) == "Completed"],
                      60, what="a completed firing on the first revision")[0]  # fmt: skip
     assert first["status"]["revision"] == old
-    shop.kube.rest.patch(shop.path("workflowdeployments", "shop"), {"spec": {"image": "shop:2"}})
+    shop.patch({"image": "shop:2"}, "shop")
     new = wait_for(lambda: (shop.latest() != old) and shop.latest(), 90, what="a new revision")
     moved = wait_for(
         lambda: (got := _world_schedule(shop, "rolling")) and got.spec.deployment_id == new

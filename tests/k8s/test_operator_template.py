@@ -74,7 +74,7 @@ def _revisions(shop: Shop) -> dict[str, dict[str, Any]]:
 
 
 def _patch(shop: Shop, spec: dict[str, Any]) -> None:
-    shop.kube.rest.patch(shop.path("workflowdeployments", shop.deployment), {"spec": spec})
+    shop.patch(spec)
 
 
 def _replicas(shop: Shop, revision: str) -> dict[str, int]:

@@ -44,7 +44,11 @@ def chromium_or_skip() -> tuple[str, str]:
         )
         try:
             done = subprocess.run(
-                ["apt-get", "install", "-y", "chromium", "chromium-driver"],
+                # Wait for dpkg's lock, do not fail on it: on a fresh machine the other
+                # xdist worker is installing the same packages (every browser test of that
+                # worker skipped with "Unable to acquire the dpkg frontend lock").
+                ["apt-get", "-o", "DPkg::Lock::Timeout=540", "install", "-y",
+                 "chromium", "chromium-driver"],
                 check=False, capture_output=True, text=True, timeout=600,
                 env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
             )  # fmt: skip
