@@ -25,7 +25,7 @@ pods, and what a test asks about them:
   ``TREADLE_POD_IMAGE`` is unset. ``TAGS``, the ones most scenarios use, are built
   in one archive (cached by the workflows image's manifest) and imported as the
   session starts; any other short tag is built and imported the first time
-  ``worker_spec`` or ``Shop.set_image`` meets it. A name with a registry
+  ``worker_spec`` or ``Shop.patch`` meets it. A name with a registry
   (``unpullable.invalid/...``) is meant to be missing and stays missing:
   ``image_pull_reasons`` are the waiting reasons each node gives.
 - ``pod_log`` / ``logs_tail``: pod output from the node actually used.
