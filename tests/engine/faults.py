@@ -484,6 +484,35 @@ async def coalesced_into(world: FaultyWorld, run_id: str) -> int:
     return 0 if lease is None else int(lease.coalesced)
 
 
+async def run_held(world: FaultyWorld, run_id: str) -> bool:
+    """Whether a delivery holds the run in the queue's own store: a message answered by
+    its handler still holds it until the consumer settles it (local: its row stays
+    ``leased``; NATS: the run lease stays live until released or deleted)."""
+    queue = world.inner.queue
+    db = getattr(queue, "db", None)
+    if db is not None:
+
+        def read(conn: Any) -> int:
+            row = conn.execute(
+                "SELECT COUNT(*) FROM queue_messages WHERE gate_run_id = ? AND state = 'leased'",
+                (run_id,),
+            ).fetchone()
+            return int(row[0])
+
+        return bool(await db.call(read))
+    lease, _ = await queue.leases._read(queue.names.lease_key(run_id))
+    return lease is not None and lease.expires_at_ms > time.time() * 1000
+
+
+async def until_released(world: FaultyWorld, run_id: str) -> None:
+    """Wait (polling the queue's store every 50 ms, 20 s at most) until no delivery holds
+    the run, so a message sent next has a delivery of its own instead of coalescing."""
+    async with asyncio.timeout(20):
+        # The lease lives in the queue's own store, which signals no one: read it.
+        while await run_held(world, run_id):  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+
+
 async def until_coalesced(world: FaultyWorld, run_id: str, count: int = 1) -> None:
     """Wait (polling the queue's count every 50 ms, 20 s at most) until ``count``
     messages were folded into the run's in-flight delivery."""
